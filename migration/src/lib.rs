@@ -1,0 +1,145 @@
+//! Schema for the outbox table (CONTRACT §2), runnable against a table the
+//! application already created.
+//!
+//! Every step checks before it acts (`IF NOT EXISTS`, an index probe), so
+//! `outbox-sidecar migrate` can run against the Rails app's existing
+//! `outbox_events`, or twice, without touching a row. The table name is
+//! configurable, which is why the migration carries it as data instead of
+//! being a unit struct.
+
+pub use sea_orm_migration::prelude::*;
+use sea_orm_migration::sea_orm::DbBackend;
+
+/// The table name the Rails application uses.
+pub const DEFAULT_TABLE: &str = "outbox_events";
+
+/// SeaORM's migrator over the default table name, for `sea-orm-cli` users.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(CreateOutboxEvents::new(DEFAULT_TABLE))]
+    }
+}
+
+/// Creates the outbox table and its status index when they are missing.
+pub struct CreateOutboxEvents {
+    table: String,
+}
+
+impl CreateOutboxEvents {
+    pub fn new(table: &str) -> Self {
+        Self {
+            table: table.to_owned(),
+        }
+    }
+
+    pub fn status_index_name(&self) -> String {
+        format!("index_{}_on_status", self.table)
+    }
+}
+
+/// Applies the schema to `db` for `table`; safe to run any number of times.
+pub async fn apply<'c, C>(db: C, table: &str) -> Result<(), DbErr>
+where
+    C: sea_orm_migration::IntoSchemaManagerConnection<'c>,
+{
+    CreateOutboxEvents::new(table)
+        .up(&SchemaManager::new(db))
+        .await
+}
+
+impl MigrationName for CreateOutboxEvents {
+    fn name(&self) -> &str {
+        "m20261130_000001_create_outbox_events"
+    }
+}
+
+#[derive(DeriveIden)]
+enum Col {
+    Id,
+    EventName,
+    Payload,
+    Status,
+    Attempts,
+    LastError,
+    SentAt,
+    CreatedAt,
+    UpdatedAt,
+}
+
+/// Rails writes `datetime(6)` on MySQL; a bare `datetime` would cut
+/// `updated_at` to whole seconds and make retry spacing imprecise.
+fn timestamp_col(backend: DbBackend, col: Col) -> ColumnDef {
+    let mut def = ColumnDef::new(col);
+    match backend {
+        DbBackend::MySql => def.custom(Alias::new("datetime(6)")),
+        _ => def.date_time(),
+    };
+    def
+}
+
+#[async_trait::async_trait]
+impl MigrationTrait for CreateOutboxEvents {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let backend = manager.get_database_backend();
+        let table = Alias::new(&self.table);
+        manager
+            .create_table(
+                Table::create()
+                    .table(table.clone())
+                    .if_not_exists()
+                    .col(
+                        ColumnDef::new(Col::Id)
+                            .big_integer()
+                            .not_null()
+                            .auto_increment()
+                            .primary_key(),
+                    )
+                    .col(ColumnDef::new(Col::EventName).string().not_null())
+                    .col(ColumnDef::new(Col::Payload).json_binary().not_null())
+                    .col(
+                        ColumnDef::new(Col::Status)
+                            .string()
+                            .not_null()
+                            .default("pending"),
+                    )
+                    .col(
+                        ColumnDef::new(Col::Attempts)
+                            .integer()
+                            .not_null()
+                            .default(0),
+                    )
+                    .col(ColumnDef::new(Col::LastError).text().null())
+                    .col(timestamp_col(backend, Col::SentAt).null())
+                    .col(timestamp_col(backend, Col::CreatedAt).not_null())
+                    .col(timestamp_col(backend, Col::UpdatedAt).not_null())
+                    .to_owned(),
+            )
+            .await?;
+
+        let index = self.status_index_name();
+        if !manager.has_index(&self.table, &index).await? {
+            manager
+                .create_index(
+                    Index::create()
+                        .name(&index)
+                        .table(table)
+                        .col(Col::Status)
+                        .to_owned(),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Deliberately not provided: the table may belong to the application
+    /// and hold its data, so the sidecar never drops it.
+    async fn down(&self, _manager: &SchemaManager) -> Result<(), DbErr> {
+        Err(DbErr::Migration(format!(
+            "refusing to drop table {:?}: it may hold the application's events",
+            self.table
+        )))
+    }
+}

@@ -1,0 +1,3 @@
+//! Wiring placeholder.
+use crate::config::Settings;
+pub async fn run_until_stopped(_settings: Settings) -> i32 { 1 }

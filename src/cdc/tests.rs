@@ -1,0 +1,1 @@
+//! Tests of the change-event decoder: unit cases, fixtures and properties.

@@ -1,0 +1,230 @@
+//! The command line of CONTRACT §8: parsing and the commands that need only
+//! the database (`migrate`, `events list`, `events retry`, `config`).
+//!
+//! Exit codes: 0 success, 1 a refused or failed operation, 2 bad usage or
+//! configuration.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use entity::{OutboxEventRow, Status};
+
+use crate::config::Settings;
+use crate::store::{ListFilter, RetryRefused, Store};
+
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_FAILED: i32 = 1;
+pub const EXIT_USAGE: i32 = 2;
+
+#[derive(Debug, Parser)]
+#[command(name = "outbox-sidecar", version, about = "Delivers outbox_events rows announced by Debezium on Kafka to HTTP receivers")]
+pub struct Cli {
+    /// The TOML configuration file (environment variables OUTBOX__SECTION__KEY override it).
+    #[arg(long, global = true, env = "OUTBOX_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Consume the change events and dispatch pending rows (the main job).
+    Run,
+    /// Create or upgrade the outbox table; safe to run any number of times.
+    Migrate,
+    /// List or resend events.
+    #[command(subcommand)]
+    Events(EventsCommand),
+    /// Print the effective configuration, secrets replaced by ***.
+    Config,
+    /// Play R-004's decision table with everything embedded.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// List events as a table.
+    List {
+        #[arg(long, value_parser = parse_status)]
+        status: Option<Status>,
+        #[arg(long)]
+        event_name: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u64,
+    },
+    /// Resend failed events: back to pending with 0 attempts.
+    Retry {
+        #[arg(required_unless_present = "all_failed", conflicts_with = "all_failed")]
+        ids: Vec<i64>,
+        /// Resend every failed event.
+        #[arg(long)]
+        all_failed: bool,
+        /// With --all-failed: only events of this name.
+        #[arg(long, requires = "all_failed")]
+        event_name: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// The delay between attempts (R-004: 5 s).
+    #[arg(long, default_value = "5s", value_parser = crate::config::duration::parse)]
+    pub retry_delay: std::time::Duration,
+    /// Use this PostgreSQL database instead of an embedded SQLite file.
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// Port of the admin/metrics listener (0 picks a free one).
+    #[arg(long, default_value_t = 0)]
+    pub admin_port: u16,
+}
+
+fn parse_status(s: &str) -> Result<Status, String> {
+    s.parse::<Status>().map_err(|e| e.to_string())
+}
+
+/// Connects to the configured database.
+pub async fn open_store(settings: &Settings) -> Result<Store, crate::store::StoreError> {
+    Store::connect(
+        settings.database_url(),
+        &settings.database.table,
+        settings.dispatch.max_attempts,
+        settings.database.max_connections,
+        settings.database.connect_timeout,
+    )
+    .await
+}
+
+pub async fn migrate(settings: &Settings) -> i32 {
+    let store = match open_store(settings).await {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    match store.migrate().await {
+        Ok(()) => {
+            println!("table {} is up to date", store.table());
+            EXIT_OK
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
+    let store = match open_store(settings).await {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    match cmd {
+        EventsCommand::List {
+            status,
+            event_name,
+            limit,
+        } => {
+            let filter = ListFilter {
+                status,
+                event_name,
+                limit: Some(limit),
+            };
+            match store.list(&filter).await {
+                Ok(rows) => {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(render_table(&rows).as_bytes());
+                    EXIT_OK
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        EventsCommand::Retry {
+            ids,
+            all_failed: true,
+            event_name,
+        } => {
+            debug_assert!(ids.is_empty());
+            match store.retry_all_failed(event_name.as_deref()).await {
+                Ok(n) => {
+                    println!("resent {n} failed event(s)");
+                    EXIT_OK
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        EventsCommand::Retry { ids, .. } => {
+            let mut code = EXIT_OK;
+            for id in ids {
+                match store.retry(id).await {
+                    Ok(Ok(row)) => println!(
+                        "event {}: failed -> pending (attempts {})",
+                        row.id, row.attempts
+                    ),
+                    Ok(Err(refused)) => {
+                        eprintln!("error: {refused}");
+                        code = EXIT_FAILED;
+                    }
+                    Err(e) => return fail(&e),
+                }
+            }
+            code
+        }
+    }
+}
+
+/// A retry that was refused, for callers that need the reason's kind.
+pub fn refused_is_not_found(r: &RetryRefused) -> bool {
+    matches!(r, RetryRefused::NotFound(_))
+}
+
+fn fail(e: &dyn std::fmt::Display) -> i32 {
+    eprintln!("error: {e}");
+    EXIT_FAILED
+}
+
+/// The `events list` table: fixed columns, `last_error` shortened.
+pub fn render_table(rows: &[OutboxEventRow]) -> String {
+    let header = ["id", "event_name", "status", "attempts", "last_error", "updated_at"];
+    let cells: Vec<[String; 6]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.id.to_string(),
+                r.event_name.clone(),
+                r.status.to_string(),
+                r.attempts.to_string(),
+                r.last_error.as_deref().map(shorten).unwrap_or_default(),
+                r.updated_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cols: Vec<&str>| {
+        let mut s = cols
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ");
+        s.truncate(s.trim_end().len());
+        s.push('\n');
+        s
+    };
+    let mut out = line(header.to_vec());
+    for row in &cells {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out.push_str(&format!("({} row{})\n", rows.len(), if rows.len() == 1 { "" } else { "s" }));
+    out
+}
+
+fn shorten(s: &str) -> String {
+    let one_line = s.replace(['\n', '\r'], " ");
+    if one_line.chars().count() <= 60 {
+        one_line
+    } else {
+        let cut: String = one_line.chars().take(59).collect();
+        format!("{cut}…")
+    }
+}

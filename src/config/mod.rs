@@ -1,0 +1,490 @@
+//! Configuration: defaults → TOML file → `OUTBOX__SECTION__KEY` environment
+//! variables, validated once at start-up (CONTRACT §8).
+//!
+//! Unknown keys are rejected, every error names the key and the form it
+//! expects, and secrets ([`Secret`], the database password, sensitive
+//! librdkafka properties) are replaced by `***` wherever settings are printed.
+
+mod secret;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use secret::{DatabaseUrl, Secret};
+
+/// The environment variable that names the configuration file.
+pub const CONFIG_ENV: &str = "OUTBOX_CONFIG";
+/// The prefix of the environment variables that override the file.
+pub const ENV_PREFIX: &str = "OUTBOX";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration file {path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    #[error("invalid configuration: {key}: {message}")]
+    Key { key: String, message: String },
+    #[error("missing setting {key}: set it in the configuration file or as {env}")]
+    Missing { key: String, env: String },
+}
+
+impl ConfigError {
+    fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Key {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    fn missing(key: &str) -> Self {
+        ConfigError::Missing {
+            key: key.to_owned(),
+            env: env_name(key),
+        }
+    }
+}
+
+/// `dispatch.retry_delay` → `OUTBOX__DISPATCH__RETRY_DELAY`.
+pub fn env_name(key: &str) -> String {
+    format!("{ENV_PREFIX}__{}", key.replace('.', "__").to_uppercase())
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    #[serde(default)]
+    pub database: DatabaseSettings,
+    #[serde(default)]
+    pub kafka: KafkaSettings,
+    #[serde(default)]
+    pub dispatch: DispatchSettings,
+    #[serde(default)]
+    pub dispatchers: BTreeMap<String, DispatcherSettings>,
+    #[serde(default)]
+    pub admin: AdminSettings,
+    #[serde(default)]
+    pub metrics: MetricsSettings,
+    #[serde(default)]
+    pub shutdown: ShutdownSettings,
+    #[serde(default)]
+    pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// `postgres://…`, `mysql://…` or `sqlite:…`; required.
+    #[serde(default)]
+    pub url: Option<DatabaseUrl>,
+    #[serde(default = "default_table")]
+    pub table: String,
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    #[serde(default = "default_connect_timeout", with = "duration")]
+    pub connect_timeout: Duration,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            table: default_table(),
+            max_connections: default_max_connections(),
+            connect_timeout: default_connect_timeout(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    #[serde(default)]
+    pub brokers: String,
+    #[serde(default)]
+    pub topic: String,
+    #[serde(default = "default_group_id")]
+    pub group_id: String,
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
+    /// Passed to librdkafka as they are (TLS, SASL, tuning); they override
+    /// the sidecar's own settings except the offset-handling ones.
+    #[serde(default, serialize_with = "secret::serialize_kafka_properties")]
+    pub properties: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchSettings {
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: i32,
+    #[serde(default = "default_retry_delay", with = "duration")]
+    pub retry_delay: Duration,
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+}
+
+impl Default for DispatchSettings {
+    fn default() -> Self {
+        Self {
+            max_attempts: default_max_attempts(),
+            retry_delay: default_retry_delay(),
+            max_in_flight: default_max_in_flight(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatcherSettings {
+    /// The full endpoint URL, e.g. `https://accounts/api/v1/events`.
+    #[serde(default)]
+    pub url: String,
+    #[serde(default)]
+    pub events: Vec<String>,
+    #[serde(default = "default_dispatch_timeout", with = "duration")]
+    pub timeout: Duration,
+    #[serde(default)]
+    pub headers: BTreeMap<String, Secret>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSettings {
+    #[serde(default = "default_admin_listen")]
+    pub listen: String,
+    /// With no token the admin routes answer 403: never open.
+    #[serde(default)]
+    pub token: Option<Secret>,
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        Self {
+            listen: default_admin_listen(),
+            token: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSettings {
+    #[serde(default = "default_refresh_interval", with = "duration")]
+    pub refresh_interval: Duration,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self {
+            refresh_interval: default_refresh_interval(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownSettings {
+    #[serde(default = "default_drain_timeout", with = "duration")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for ShutdownSettings {
+    fn default() -> Self {
+        Self {
+            drain_timeout: default_drain_timeout(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    #[serde(default = "default_log_format")]
+    pub format: LogFormat,
+    /// A `tracing` filter directive; `RUST_LOG` overrides it.
+    #[serde(default = "default_log_level")]
+    pub level: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: default_log_format(),
+            level: default_log_level(),
+        }
+    }
+}
+
+fn default_table() -> String {
+    entity::DEFAULT_TABLE.to_owned()
+}
+fn default_max_connections() -> u32 {
+    10
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_group_id() -> String {
+    "outbox-sidecar".to_owned()
+}
+fn default_max_attempts() -> i32 {
+    3
+}
+fn default_retry_delay() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_max_in_flight() -> usize {
+    64
+}
+fn default_dispatch_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_admin_listen() -> String {
+    "0.0.0.0:9464".to_owned()
+}
+fn default_refresh_interval() -> Duration {
+    Duration::from_secs(15)
+}
+fn default_drain_timeout() -> Duration {
+    Duration::from_secs(20)
+}
+fn default_log_format() -> LogFormat {
+    LogFormat::Text
+}
+fn default_log_level() -> String {
+    "info".to_owned()
+}
+
+impl Settings {
+    /// Loads from `path` (or `$OUTBOX_CONFIG`, or nothing) and the process
+    /// environment, then checks what every command needs.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let from_env = std::env::var_os(CONFIG_ENV).map(PathBuf::from);
+        let path = path.map(Path::to_path_buf).or(from_env);
+        let env: BTreeMap<String, String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with(&format!("{ENV_PREFIX}__")))
+            .collect();
+        Self::load_from(path.as_deref(), env)
+    }
+
+    /// As [`Settings::load`], with the environment given explicitly (tests).
+    pub fn load_from(
+        path: Option<&Path>,
+        env: BTreeMap<String, String>,
+    ) -> Result<Self, ConfigError> {
+        let mut builder = config::Config::builder();
+        if let Some(path) = path {
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
+            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
+        }
+        let env = config::Environment::with_prefix(ENV_PREFIX)
+            .separator("__")
+            .try_parsing(true)
+            .source(Some(env.into_iter().collect()));
+        let merged = builder
+            .add_source(env)
+            .build()
+            .map_err(|e| ConfigError::Invalid(describe(e)))?;
+        let settings: Settings = merged
+            .try_deserialize()
+            .map_err(|e| ConfigError::Invalid(describe(e)))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks that hold for every command (the database part).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let url = self
+            .database
+            .url
+            .as_ref()
+            .ok_or_else(|| ConfigError::missing("database.url"))?;
+        url.validate()
+            .map_err(|m| ConfigError::key("database.url", m))?;
+        if !valid_identifier(&self.database.table) {
+            return Err(ConfigError::key(
+                "database.table",
+                format!(
+                    "{:?} is not a plain table name (letters, digits, _ and an optional schema.)",
+                    self.database.table
+                ),
+            ));
+        }
+        if self.database.max_connections == 0 {
+            return Err(ConfigError::key(
+                "database.max_connections",
+                "must be at least 1",
+            ));
+        }
+        if self.dispatch.max_attempts < 1 {
+            return Err(ConfigError::key(
+                "dispatch.max_attempts",
+                format!("must be at least 1, got {}", self.dispatch.max_attempts),
+            ));
+        }
+        if self.dispatch.max_in_flight == 0 {
+            return Err(ConfigError::key(
+                "dispatch.max_in_flight",
+                "must be at least 1",
+            ));
+        }
+        self.admin_listen()?;
+        let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+        for (name, d) in &self.dispatchers {
+            let key = |k: &str| format!("dispatchers.{name}.{k}");
+            if d.url.is_empty() {
+                return Err(ConfigError::missing(&key("url")));
+            }
+            match url::Url::parse(&d.url) {
+                Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
+                Ok(u) => {
+                    return Err(ConfigError::key(
+                        key("url"),
+                        format!("scheme {:?} is not http or https", u.scheme()),
+                    ))
+                }
+                Err(e) => {
+                    return Err(ConfigError::key(
+                        key("url"),
+                        format!("{:?} is not a URL: {e}", d.url),
+                    ))
+                }
+            }
+            if d.events.is_empty() {
+                return Err(ConfigError::key(
+                    key("events"),
+                    "must list at least one event_name",
+                ));
+            }
+            if d.timeout.is_zero() {
+                return Err(ConfigError::key(key("timeout"), "must be above zero"));
+            }
+            for (header, value) in &d.headers {
+                if reqwest::header::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                    return Err(ConfigError::key(
+                        format!("dispatchers.{name}.headers.{header}"),
+                        "is not a valid HTTP header name",
+                    ));
+                }
+                if reqwest::header::HeaderValue::from_str(value.expose()).is_err() {
+                    return Err(ConfigError::key(
+                        format!("dispatchers.{name}.headers.{header}"),
+                        "is not a valid HTTP header value",
+                    ));
+                }
+            }
+            for event in &d.events {
+                if let Some(other) = seen.insert(event, name) {
+                    return Err(ConfigError::key(
+                        key("events"),
+                        format!("{event:?} is already served by dispatcher {other:?}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The extra checks of `outbox-sidecar run`: Kafka and the dispatchers.
+    pub fn validate_for_run(&self) -> Result<(), ConfigError> {
+        if self.kafka.brokers.trim().is_empty() {
+            return Err(ConfigError::missing("kafka.brokers"));
+        }
+        if self.kafka.topic.trim().is_empty() {
+            return Err(ConfigError::missing("kafka.topic"));
+        }
+        if self.kafka.group_id.trim().is_empty() {
+            return Err(ConfigError::missing("kafka.group_id"));
+        }
+        Ok(())
+    }
+
+    pub fn admin_listen(&self) -> Result<SocketAddr, ConfigError> {
+        self.admin.listen.parse().map_err(|_| {
+            ConfigError::key(
+                "admin.listen",
+                format!(
+                    "{:?} is not an address like \"0.0.0.0:9464\"",
+                    self.admin.listen
+                ),
+            )
+        })
+    }
+
+    pub fn database_url(&self) -> &str {
+        self.database.url.as_ref().map(|u| u.expose()).unwrap_or("")
+    }
+
+    /// The effective settings as TOML, secrets replaced by `***`.
+    pub fn redacted_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot print settings: {e}\n"))
+    }
+}
+
+fn valid_identifier(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('.').collect();
+    parts.len() <= 2
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !p.starts_with(|c: char| c.is_ascii_digit())
+        })
+}
+
+/// The `config` crate's messages already name the key; make them one line
+/// and never echo a value that could be a secret (they only quote types).
+fn describe(e: config::ConfigError) -> String {
+    e.to_string().replace('\n', " ")
+}
+
+/// `"5s"`, `"200ms"`, `"1m 30s"` (humantime), or a bare integer of seconds.
+pub mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Text(String),
+        Seconds(u64),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        match Raw::deserialize(d)? {
+            Raw::Seconds(s) => Ok(Duration::from_secs(s)),
+            Raw::Text(s) => parse(&s).map_err(serde::de::Error::custom),
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Duration, String> {
+        humantime::parse_duration(s.trim())
+            .map_err(|_| format!("{s:?} is not a duration (expected e.g. \"5s\" or \"200ms\")"))
+    }
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+}
+
+/// A URL safe to show in an error message (password masked).
+pub fn secret_free_url(url: &str) -> String {
+    secret::redact_url(url)
+}

@@ -1,0 +1,49 @@
+//! The `outbox-sidecar` binary: parse the command line, load the
+//! configuration, run the command, turn its result into an exit code.
+
+use clap::Parser;
+use outbox_sidecar::cli::{self, Cli, Command, EXIT_USAGE};
+use outbox_sidecar::config::Settings;
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = runtime.block_on(dispatch(cli));
+    std::process::exit(code);
+}
+
+async fn dispatch(cli: Cli) -> i32 {
+    if let Command::Demo(args) = cli.command {
+        return outbox_sidecar::demo::main(args).await;
+    }
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    outbox_sidecar::telemetry::init_logging(&settings.log);
+    match cli.command {
+        Command::Migrate => cli::migrate(&settings).await,
+        Command::Events(cmd) => cli::events(&settings, cmd).await,
+        Command::Config => {
+            print!("{}", settings.redacted_toml());
+            cli::EXIT_OK
+        }
+        Command::Run => {
+            if let Err(e) = settings.validate_for_run() {
+                eprintln!("error: {e}");
+                return EXIT_USAGE;
+            }
+            outbox_sidecar::app::run_until_stopped(settings).await
+        }
+        Command::Demo(_) => unreachable!("handled above"),
+    }
+}
