@@ -1,18 +1,10 @@
-# syntax=docker/dockerfile:1
-
 # Build stage. rust:1-bookworm already has what the native dependencies need:
 # rdkafka-sys builds the bundled librdkafka with its ./configure and make and
 # links the system OpenSSL (libssl-dev, pkg-config) and zlib (zlib1g-dev).
 FROM rust:1-bookworm AS builder
 WORKDIR /src
 COPY . .
-# The cache mounts keep the registry and incremental artefacts between builds;
-# the binary is copied out of target/ because a cache mount is not in the image.
-RUN --mount=type=cache,target=/usr/local/cargo/registry \
-    --mount=type=cache,target=/usr/local/cargo/git \
-    --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin outbox-sidecar \
- && install -m 0755 target/release/outbox-sidecar /usr/local/bin/outbox-sidecar
+RUN cargo build --release --locked --bin outbox-sidecar
 
 # Runtime stage: Debian slim rather than distroless/cc because the binary links
 # libz.so.1 (from zlib1g, present here), next to libssl3, which is added along
@@ -24,7 +16,7 @@ RUN apt-get update \
  && groupadd --system --gid 65532 nonroot \
  && useradd --system --uid 65532 --gid nonroot --no-create-home \
       --home-dir /nonexistent --shell /usr/sbin/nologin nonroot
-COPY --from=builder /usr/local/bin/outbox-sidecar /usr/local/bin/outbox-sidecar
+COPY --from=builder /src/target/release/outbox-sidecar /usr/local/bin/outbox-sidecar
 
 LABEL org.opencontainers.image.title="outbox-sidecar" \
       org.opencontainers.image.description="Drives a transactional outbox from Debezium change events on Kafka to HTTP receivers" \

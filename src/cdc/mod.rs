@@ -304,12 +304,15 @@ fn unwrap(body: Body<'_>) -> Option<Body<'_>> {
     }
 }
 
+/// An empty name counts as none: a PostgreSQL logical decoding message has
+/// `source.table: ""` because it belongs to no table.
 fn table_of<'b>(body: &'b Body<'_>) -> Option<&'b str> {
-    body.source
-        .as_ref()
-        .and_then(|source| source.table.as_ref())
-        .and_then(Scalar::as_str)
-        .or_else(|| body.row.table.as_ref().and_then(Scalar::as_str))
+    let named = |table: Option<&'b Scalar<'_>>| {
+        table
+            .and_then(Scalar::as_str)
+            .filter(|name| !name.is_empty())
+    };
+    named(body.source.as_ref().and_then(|s| s.table.as_ref())).or_else(|| named(body.row.table.as_ref()))
 }
 
 fn read_key(bytes: Option<&[u8]>) -> Result<Key, Fault> {

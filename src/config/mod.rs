@@ -102,7 +102,7 @@ impl Default for DatabaseSettings {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSettings {
     #[serde(default)]
@@ -117,6 +117,18 @@ pub struct KafkaSettings {
     /// the sidecar's own settings except the offset-handling ones.
     #[serde(default, serialize_with = "secret::serialize_kafka_properties")]
     pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaSettings {
+    fn default() -> Self {
+        Self {
+            brokers: String::new(),
+            topic: String::new(),
+            group_id: default_group_id(),
+            dead_letter_topic: None,
+            properties: BTreeMap::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -1,0 +1,129 @@
+//! The binary's database commands, run as a user would run them.
+
+use std::process::{Command, Output};
+
+use entity::Status;
+use outbox_sidecar::store::Outcome;
+use sea_orm::ConnectionTrait;
+use serde_json::json;
+
+use crate::db::TestDb;
+
+pub fn bin() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-sidecar"));
+    cmd.env_remove("OUTBOX_CONFIG").env("NO_COLOR", "1");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("OUTBOX__") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+fn run(db: &TestDb, args: &[&str]) -> Output {
+    bin()
+        .env("OUTBOX__DATABASE__URL", &db.url)
+        .args(args)
+        .output()
+        .expect("run the binary")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[tokio::test]
+async fn migrate_twice_then_over_an_existing_rails_table() {
+    let db = TestDb::postgres().await;
+    // The application's own table, created as Rails would, with rows in it.
+    let conn = sea_orm::Database::connect(&db.url).await.unwrap();
+    conn.execute_unprepared(
+        "CREATE TABLE outbox_events (id bigserial primary key, event_name varchar not null, \
+         payload jsonb not null, status varchar not null default 'pending', attempts integer not null default 0, \
+         last_error text, sent_at timestamp(6), created_at timestamp(6) not null, updated_at timestamp(6) not null); \
+         INSERT INTO outbox_events (event_name, payload, status, attempts, last_error, created_at, updated_at) VALUES \
+         ('accounts.purchase_create', '{\"a\":1}', 'failed', 3, 'HTTP 500', now(), now()), \
+         ('accounts.installment_paid', '{\"b\":2}', 'pending', 0, null, now(), now());",
+    )
+    .await
+    .unwrap();
+    for _ in 0..2 {
+        let out = run(&db, &["migrate"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "table outbox_events is up to date\n");
+    }
+    let n: i64 = conn
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT count(*) AS n FROM outbox_events",
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get("", "n")
+        .unwrap();
+    assert_eq!(n, 2, "every row survives");
+    let out = run(&db, &["events", "list"]);
+    let listing = text(&out.stdout);
+    assert!(listing.starts_with("id  event_name                 status   attempts  last_error  updated_at\n"), "{listing}");
+    assert!(listing.contains("1   accounts.purchase_create   failed   3         HTTP 500"), "{listing}");
+    assert!(listing.ends_with("(2 rows)\n"), "{listing}");
+    let out = run(&db, &["events", "list", "--status", "failed"]);
+    assert!(text(&out.stdout).ends_with("(1 row)\n"));
+}
+
+#[tokio::test]
+async fn events_retry_exit_codes_and_messages() {
+    let db = TestDb::postgres().await;
+    let store = db.store(1).await;
+    let failed_id = store.insert("accounts.purchase_create", &json!({})).await.unwrap();
+    let row = store.get(failed_id).await.unwrap().unwrap();
+    assert!(matches!(store.register_failure(&row, "HTTP 500").await.unwrap(), Outcome::Applied(_)));
+    let sent_id = store.insert("accounts.purchase_create", &json!({})).await.unwrap();
+    let row = store.get(sent_id).await.unwrap().unwrap();
+    assert!(matches!(store.mark_sent(&row).await.unwrap(), Outcome::Applied(_)));
+
+    let out = run(&db, &["events", "retry", &failed_id.to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), format!("event {failed_id}: failed -> pending (attempts 0)\n"));
+    assert_eq!(store.get(failed_id).await.unwrap().unwrap().status, Status::Pending);
+
+    let out = run(&db, &["events", "retry", &sent_id.to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stderr), format!("error: event {sent_id} is sent: only failed events can be resent\n"));
+
+    let out = run(&db, &["events", "retry", "987654"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stderr), "error: event 987654 not found\n");
+
+    let out = run(&db, &["events", "retry", "--all-failed", "--event-name", "accounts.purchase_create"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "resent 0 failed event(s)\n");
+
+    let out = run(&db, &["events", "retry"]);
+    assert_eq!(out.status.code(), Some(2), "no ids is a usage error");
+}
+
+#[tokio::test]
+async fn unreachable_database_names_the_url_without_password() {
+    let out = bin()
+        .env("OUTBOX__DATABASE__URL", "postgres://app:hunter2@127.0.0.1:1/nothing")
+        .env("OUTBOX__DATABASE__CONNECT_TIMEOUT", "2s")
+        .args(["events", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("cannot connect to the database at postgres://app:***@127.0.0.1:1/nothing"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[test]
+fn missing_database_url_is_a_usage_error_naming_the_key() {
+    let out = bin().args(["migrate"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        "error: missing setting database.url: set it in the configuration file or as OUTBOX__DATABASE__URL\n"
+    );
+}

@@ -1,0 +1,7 @@
+//! The integration tests: real PostgreSQL / MariaDB / SQLite, a real
+//! Kafka-protocol broker (librdkafka's mock cluster, or
+//! `OUTBOX_TEST_KAFKA_BROKERS`) and real HTTP receivers.
+
+mod cli;
+mod db;
+mod store;

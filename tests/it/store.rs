@@ -1,0 +1,216 @@
+//! R-004's decision table on the model operations, as the Rails
+//! `spec/models/outbox_event_spec.rb` tests `#mark_sent!`,
+//! `#register_failure!` and `#retry!` — the same bodies on every backend.
+
+use entity::{OutboxEventRow, Status};
+use outbox_sidecar::store::{Outcome, RetryRefused, Store, MAX_LAST_ERROR_BYTES};
+use serde_json::json;
+
+use crate::db::{Backend, TestDb};
+
+async fn pending(store: &Store) -> OutboxEventRow {
+    let id = store
+        .insert(
+            "accounts.purchase_create",
+            &json!({"event_type": "purchase_create", "amount": 10}),
+        )
+        .await
+        .expect("insert");
+    store.get(id).await.expect("get").expect("row")
+}
+
+fn applied(o: Outcome) -> OutboxEventRow {
+    match o {
+        Outcome::Applied(row) => row,
+        other => panic!("expected applied, got {other:?}"),
+    }
+}
+
+/// Drives a fresh row to `attempts` failures.
+async fn with_attempts(store: &Store, attempts: i32) -> OutboxEventRow {
+    let mut row = pending(store).await;
+    for i in 0..attempts {
+        row = applied(store.register_failure(&row, &format!("HTTP 503: try {i}")).await.unwrap());
+    }
+    row
+}
+
+async fn success_from_any_attempts(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store(3).await;
+    for attempts in 0..=2 {
+        let row = with_attempts(&store, attempts).await;
+        let sent = applied(store.mark_sent(&row).await.unwrap());
+        let stored = store.get(row.id).await.unwrap().unwrap();
+        assert_eq!(stored, sent, "the returned state is the stored state");
+        assert_eq!(stored.status, Status::Sent);
+        assert!(stored.sent_at.is_some(), "sent_at filled in");
+        assert_eq!(stored.attempts, attempts, "a success does not count an attempt");
+        assert!(stored.updated_at >= row.updated_at);
+    }
+}
+
+async fn failure_below_max_stays_pending(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store(3).await;
+    for before in 0..=1 {
+        let row = with_attempts(&store, before).await;
+        let after = applied(store.register_failure(&row, "HTTP 422: company_not_found").await.unwrap());
+        let stored = store.get(row.id).await.unwrap().unwrap();
+        assert_eq!(stored, after);
+        assert_eq!(stored.status, Status::Pending);
+        assert_eq!(stored.attempts, before + 1);
+        assert_eq!(stored.last_error.as_deref(), Some("HTTP 422: company_not_found"));
+        assert!(stored.sent_at.is_none());
+    }
+}
+
+async fn third_failure_fails(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store(3).await;
+    let row = with_attempts(&store, 2).await;
+    let after = applied(store.register_failure(&row, "timeout after 10s").await.unwrap());
+    assert_eq!(after.status, Status::Failed);
+    assert_eq!(after.attempts, 3);
+    let stored = store.get(row.id).await.unwrap().unwrap();
+    assert_eq!(stored, after);
+    // No step applies to a failed row: attempts never pass max_attempts.
+    assert!(matches!(store.register_failure(&stored, "again").await.unwrap(), Outcome::Conflict(r) if r.attempts == 3));
+    assert!(matches!(store.mark_sent(&stored).await.unwrap(), Outcome::Conflict(r) if r.status == Status::Failed));
+}
+
+async fn max_attempts_from_configuration(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store(1).await;
+    let row = pending(&store).await;
+    let after = applied(store.register_failure(&row, "boom").await.unwrap());
+    assert_eq!((after.status, after.attempts), (Status::Failed, 1));
+}
+
+async fn resend_of_failed(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store(3).await;
+    let failed = with_attempts(&store, 3).await;
+    assert_eq!(failed.status, Status::Failed);
+    let resent = store.retry(failed.id).await.unwrap().expect("resend applies");
+    assert_eq!(resent.status, Status::Pending);
+    assert_eq!(resent.attempts, 0);
+    assert_eq!(resent.last_error, None);
+    // The three attempts start over from zero.
+    let again = applied(store.register_failure(&resent, "HTTP 500").await.unwrap());
+    assert_eq!((again.status, again.attempts), (Status::Pending, 1));
+}
+
+async fn resend_of_pending_or_sent_refused(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store(3).await;
+    let p = with_attempts(&store, 1).await;
+    assert_eq!(
+        store.retry(p.id).await.unwrap(),
+        Err(RetryRefused::NotFailed { id: p.id, status: Status::Pending })
+    );
+    let s = applied(store.mark_sent(&pending(&store).await).await.unwrap());
+    let refused = store.retry(s.id).await.unwrap().unwrap_err();
+    assert_eq!(refused.to_string(), format!("event {} is sent: only failed events can be resent", s.id));
+    assert_eq!(store.get(s.id).await.unwrap().unwrap(), s, "refusal changes nothing");
+    assert_eq!(store.get(p.id).await.unwrap().unwrap(), p);
+    assert_eq!(store.retry(999_999).await.unwrap(), Err(RetryRefused::NotFound(999_999)));
+}
+
+async fn stale_step_is_a_conflict(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store(3).await;
+    let row = pending(&store).await;
+    // Two writers computed their step from the same state; exactly one applies.
+    let (a, b) = tokio::join!(store.register_failure(&row, "writer a"), store.register_failure(&row, "writer b"));
+    let outcomes = [a.unwrap(), b.unwrap()];
+    let applied_n = outcomes.iter().filter(|o| matches!(o, Outcome::Applied(_))).count();
+    assert_eq!(applied_n, 1, "{outcomes:?}");
+    let stored = store.get(row.id).await.unwrap().unwrap();
+    assert_eq!(stored.attempts, 1);
+    for o in &outcomes {
+        if let Outcome::Conflict(found) = o {
+            assert_eq!(found, &stored, "a conflict reports the state found");
+        }
+    }
+    // A success computed from the stale state conflicts too and changes nothing.
+    assert!(matches!(store.mark_sent(&row).await.unwrap(), Outcome::Conflict(_)));
+    assert_eq!(store.get(row.id).await.unwrap().unwrap(), stored);
+    let (s1, s2) = tokio::join!(store.mark_sent(&stored), store.mark_sent(&stored));
+    let sent_n = [s1.unwrap(), s2.unwrap()].iter().filter(|o| matches!(o, Outcome::Applied(_))).count();
+    assert_eq!(sent_n, 1);
+    // A row that does not exist.
+    let mut ghost = stored.clone();
+    ghost.id = 424_242;
+    assert_eq!(store.mark_sent(&ghost).await.unwrap(), Outcome::NotFound(424_242));
+}
+
+async fn last_error_is_short(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store(3).await;
+    let row = pending(&store).await;
+    let long = "é".repeat(2000); // 4000 bytes, 2-byte chars
+    let after = applied(store.register_failure(&row, &long).await.unwrap());
+    let stored = store.get(row.id).await.unwrap().unwrap();
+    let err = stored.last_error.unwrap();
+    assert!(err.len() <= MAX_LAST_ERROR_BYTES, "{} bytes", err.len());
+    assert!(err.starts_with("éé"));
+    assert_eq!(Some(err), after.last_error);
+}
+
+async fn list_and_bulk_resend(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store(1).await;
+    let a = with_attempts(&store, 1).await;
+    let b = with_attempts(&store, 1).await;
+    let id = store.insert("accounts.installment_paid", &json!({})).await.unwrap();
+    let c = store.get(id).await.unwrap().unwrap();
+    let c = applied(store.register_failure(&c, "x").await.unwrap());
+    let _p = pending(&store).await;
+    let filter = |status, name: Option<&str>| outbox_sidecar::store::ListFilter {
+        status,
+        event_name: name.map(str::to_owned),
+        limit: None,
+    };
+    let failed = store.list(&filter(Some(Status::Failed), None)).await.unwrap();
+    assert_eq!(failed.iter().map(|r| r.id).collect::<Vec<_>>(), vec![a.id, b.id, c.id]);
+    let paid = store.list(&filter(Some(Status::Failed), Some("accounts.installment_paid"))).await.unwrap();
+    assert_eq!(paid.len(), 1);
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.sent, stats.failed), (1, 0, 3));
+    assert!(stats.oldest_pending_created_at.is_some());
+    assert_eq!(store.retry_all_failed(Some("accounts.installment_paid")).await.unwrap(), 1);
+    assert_eq!(store.retry_all_failed(None).await.unwrap(), 2);
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.failed), (4, 0));
+}
+
+async fn migration_is_idempotent_and_keeps_rows(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store(3).await;
+    let row = with_attempts(&store, 2).await;
+    store.migrate().await.expect("second migrate");
+    store.migrate().await.expect("third migrate");
+    assert_eq!(store.get(row.id).await.unwrap().unwrap(), row);
+}
+
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod postgres { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Postgres).await } )* }
+        mod mariadb { $( #[tokio::test] async fn $name() { super::$name(super::Backend::MySql).await } )* }
+        mod sqlite { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Sqlite).await } )* }
+    };
+}
+
+on_every_backend!(
+    success_from_any_attempts,
+    failure_below_max_stays_pending,
+    third_failure_fails,
+    max_attempts_from_configuration,
+    resend_of_failed,
+    resend_of_pending_or_sent_refused,
+    stale_step_is_a_conflict,
+    last_error_is_short,
+    list_and_bulk_resend,
+    migration_is_idempotent_and_keeps_rows,
+);
