@@ -1,3 +1,224 @@
-//! Wiring placeholder.
+//! Wiring: builds every part from the settings and runs them until the
+//! shutdown token is cancelled (SIGTERM or SIGINT in the binary).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::admin::{self, AdminState};
 use crate::config::Settings;
-pub async fn run_until_stopped(_settings: Settings) -> i32 { 1 }
+use crate::consumer::{ConsumerHealth, Pipeline};
+use crate::dispatch::Registry;
+use crate::job::JobContext;
+use crate::metrics::Metrics;
+use crate::store::Store;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Dispatch(#[from] crate::dispatch::DispatchBuildError),
+    #[error(transparent)]
+    Consumer(#[from] crate::consumer::ConsumerError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot listen on {addr} (admin.listen): {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A running sidecar.
+pub struct App {
+    admin_addr: SocketAddr,
+    shutdown: CancellationToken,
+    metrics: Metrics,
+    store: Store,
+    tasks: JoinHandle<()>,
+}
+
+impl App {
+    /// Connects, binds and starts everything; errors are start-up errors.
+    pub async fn start(settings: Settings) -> Result<App, AppError> {
+        settings.validate_for_run()?;
+        let metrics = Metrics::new();
+        let store = crate::cli::open_store(&settings).await?;
+        let registry = Registry::from_settings(&settings.dispatchers)?;
+        metrics.register_event_names(registry.event_names());
+        let addr = settings.admin_listen()?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| AppError::Listen { addr, source })?;
+        let admin_addr = listener
+            .local_addr()
+            .map_err(|source| AppError::Listen { addr, source })?;
+
+        let shutdown = CancellationToken::new();
+        let health = Arc::new(ConsumerHealth::default());
+        let alive = Arc::new(AtomicBool::new(true));
+        let ctx = Arc::new(JobContext {
+            store: store.clone(),
+            registry,
+            metrics: metrics.clone(),
+            retry_delay: settings.dispatch.retry_delay,
+            abort: CancellationToken::new(),
+        });
+        let pipeline = Pipeline::new(
+            &settings.kafka,
+            &settings.database.table,
+            ctx,
+            settings.dispatch.max_in_flight,
+            settings.shutdown.drain_timeout,
+            health.clone(),
+        )?;
+
+        let admin_state = AdminState {
+            store: store.clone(),
+            metrics: metrics.clone(),
+            health,
+            token: settings.admin.token.clone().filter(|t| !t.expose().is_empty()),
+            alive: alive.clone(),
+        };
+        let server_shutdown = CancellationToken::new();
+        let server = {
+            let stop = server_shutdown.clone();
+            tokio::spawn(async move {
+                let app = admin::router(admin_state);
+                if let Err(e) = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await
+                {
+                    error!(error = %e, "admin server stopped");
+                }
+            })
+        };
+        let gauges = tokio::spawn(refresh_gauges(
+            store.clone(),
+            metrics.clone(),
+            settings.metrics.refresh_interval,
+            shutdown.clone(),
+        ));
+        let pipeline_shutdown = shutdown.clone();
+        let tasks = tokio::spawn(async move {
+            let run = tokio::spawn(pipeline.run(pipeline_shutdown.clone()));
+            if let Err(e) = run.await {
+                error!(error = %e, "the pipeline task failed");
+            }
+            if !pipeline_shutdown.is_cancelled() {
+                alive.store(false, Ordering::Relaxed);
+            }
+            let _ = gauges.await;
+            server_shutdown.cancel();
+            let _ = server.await;
+        });
+        info!(admin = %admin_addr, "outbox-sidecar started");
+        Ok(App {
+            admin_addr,
+            shutdown,
+            metrics,
+            store,
+            tasks,
+        })
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The token that stops the sidecar (stop fetching, drain, commit).
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Stops and waits for the drain to finish.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.tasks.await;
+    }
+
+    /// Waits until stopped by the token.
+    pub async fn stopped(self) {
+        let _ = self.tasks.await;
+    }
+}
+
+/// Reads the table's counts for the gauges: now, then every `interval`.
+async fn refresh_gauges(
+    store: Store,
+    metrics: Metrics,
+    interval: std::time::Duration,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match store.stats().await {
+            Ok(stats) => metrics.set_table_stats(&stats, crate::store::now()),
+            Err(e) => warn!(error = %e, "cannot refresh the table gauges"),
+        }
+    }
+}
+
+/// `outbox-sidecar run`: start, stop on the first SIGTERM/SIGINT, exit at
+/// once on a second one.
+pub async fn run_until_stopped(settings: Settings) -> i32 {
+    let app = match App::start(settings).await {
+        Ok(app) => app,
+        Err(e) => {
+            eprintln!("error: {e}");
+            error!(error = %e, "start-up failed");
+            return crate::cli::EXIT_FAILED;
+        }
+    };
+    let token = app.shutdown_token();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        info!("shutdown requested: draining");
+        token.cancel();
+        wait_for_signal().await;
+        warn!("second signal: exiting at once");
+        std::process::exit(130);
+    });
+    app.stopped().await;
+    info!("stopped");
+    crate::cli::EXIT_OK
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

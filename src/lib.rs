@@ -1,7 +1,12 @@
+pub mod admin;
 pub mod app;
 pub mod cdc;
 pub mod cli;
 pub mod config;
+pub mod consumer;
 pub mod demo;
+pub mod dispatch;
+pub mod job;
+pub mod metrics;
 pub mod store;
 pub mod telemetry;

@@ -118,13 +118,20 @@ impl Op {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Skip {
     /// The row is already `sent` or `failed`.
-    Terminal { id: i64, status: Status },
-    Delete { id: Option<i64> },
+    Terminal {
+        id: i64,
+        status: Status,
+    },
+    Delete {
+        id: Option<i64>,
+    },
     Tombstone,
     Truncate,
     Heartbeat,
     NoRow,
-    OtherTable { table: String },
+    OtherTable {
+        table: String,
+    },
 }
 
 impl Skip {
@@ -312,7 +319,8 @@ fn table_of<'b>(body: &'b Body<'_>) -> Option<&'b str> {
             .and_then(Scalar::as_str)
             .filter(|name| !name.is_empty())
     };
-    named(body.source.as_ref().and_then(|s| s.table.as_ref())).or_else(|| named(body.row.table.as_ref()))
+    named(body.source.as_ref().and_then(|s| s.table.as_ref()))
+        .or_else(|| named(body.row.table.as_ref()))
 }
 
 fn read_key(bytes: Option<&[u8]>) -> Result<Key, Fault> {

@@ -369,7 +369,9 @@ impl<'de> Deserialize<'de> for PayloadField<'de> {
                 Ok(Payload::Column)
             }
         }
-        deserializer.deserialize_any(PayloadVisitor).map(PayloadField)
+        deserializer
+            .deserialize_any(PayloadVisitor)
+            .map(PayloadField)
     }
 }
 
@@ -463,4 +465,3 @@ impl<'de> Deserialize<'de> for Scalar<'de> {
         deserializer.deserialize_any(ScalarVisitor)
     }
 }
-

@@ -298,13 +298,21 @@ impl Settings {
         path: Option<&Path>,
         env: BTreeMap<String, String>,
     ) -> Result<Self, ConfigError> {
-        let mut builder = config::Config::builder();
-        if let Some(path) = path {
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+        let text = match path {
+            Some(path) => Some(std::fs::read_to_string(path).map_err(|e| ConfigError::File {
                 path: path.to_owned(),
                 message: e.to_string(),
-            })?;
-            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
+            })?),
+            None => None,
+        };
+        Self::from_toml(text.as_deref(), env)
+    }
+
+    /// As [`Settings::load_from`], with the file's text given directly.
+    pub fn from_toml(toml: Option<&str>, env: BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let mut builder = config::Config::builder();
+        if let Some(text) = toml {
+            builder = builder.add_source(config::File::from_str(text, config::FileFormat::Toml));
         }
         let env = config::Environment::with_prefix(ENV_PREFIX)
             .separator("__")

@@ -4,4 +4,6 @@
 
 mod cli;
 mod db;
+mod harness;
+mod pipeline;
 mod store;

@@ -1,0 +1,256 @@
+//! The HTTP surface on `admin.listen`: `/metrics`, `/livez`, `/readyz`, and
+//! the admin API that stands in for ActiveAdmin's `outbox_events` resource
+//! and its "Reenviar" (CONTRACT §6, §9).
+//!
+//! `/metrics` and the health routes are open. `/admin/*` needs
+//! `Authorization: Bearer <admin.token>`, compared in constant time; with no
+//! token configured those routes answer 403 — disabled, never open.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use entity::{OutboxEventRow, Status};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use subtle::ConstantTimeEq;
+
+use crate::config::Secret;
+use crate::consumer::ConsumerHealth;
+use crate::metrics::Metrics;
+use crate::store::{ListFilter, RetryRefused, Store};
+
+/// Admin requests are small; anything larger is refused before parsing.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+const DEFAULT_LIST_LIMIT: u64 = 100;
+
+#[derive(Clone)]
+pub struct AdminState {
+    pub store: Store,
+    pub metrics: Metrics,
+    pub health: Arc<ConsumerHealth>,
+    pub token: Option<Secret>,
+    /// False once the pipeline task has stopped unexpectedly.
+    pub alive: Arc<std::sync::atomic::AtomicBool>,
+}
+
+pub fn router(state: AdminState) -> Router {
+    let admin = Router::new()
+        .route("/admin/events", get(list_events))
+        .route("/admin/events/retry", post(retry_all))
+        .route("/admin/events/{id}", get(get_event))
+        .route("/admin/events/{id}/retry", post(retry_one))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .merge(admin)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    let Some(token) = &state.token else {
+        return error(
+            StatusCode::FORBIDDEN,
+            "the admin API is disabled: set admin.token (OUTBOX__ADMIN__TOKEN) to enable it",
+        );
+    };
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let ok: bool = presented
+        .as_bytes()
+        .ct_eq(token.expose().as_bytes())
+        .into();
+    if !ok || presented.is_empty() {
+        let mut resp = error(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token in the Authorization header",
+        );
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        return resp;
+    }
+    next.run(req).await
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn livez(State(state): State<AdminState>) -> Response {
+    if state.alive.load(Ordering::Relaxed) {
+        (StatusCode::OK, Json(json!({"live": true}))).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"live": false, "reason": "the pipeline task has stopped"})),
+        )
+            .into_response()
+    }
+}
+
+async fn readyz(State(state): State<AdminState>) -> Response {
+    let mut reasons = Vec::new();
+    if !state.health.joined.load(Ordering::Relaxed) {
+        reasons.push("the Kafka consumer has not joined its group yet".to_owned());
+    }
+    match tokio::time::timeout(Duration::from_secs(2), state.store.ping()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => reasons.push(format!("database: {e}")),
+        Err(_) => reasons.push("database: no answer within 2s".to_owned()),
+    }
+    if reasons.is_empty() {
+        (StatusCode::OK, Json(json!({"ready": true}))).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"ready": false, "reason": reasons.join("; ")})),
+        )
+            .into_response()
+    }
+}
+
+/// An event as the admin API shows it.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct EventView {
+    pub id: i64,
+    pub event_name: String,
+    pub status: Status,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub sent_at: Option<chrono::NaiveDateTime>,
+    pub created_at: chrono::NaiveDateTime,
+    pub updated_at: chrono::NaiveDateTime,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub payload: Option<serde_json::Value>,
+}
+
+impl EventView {
+    fn new(row: OutboxEventRow, with_payload: bool) -> Self {
+        Self {
+            id: row.id,
+            event_name: row.event_name,
+            status: row.status,
+            attempts: row.attempts,
+            last_error: row.last_error,
+            sent_at: row.sent_at,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            payload: with_payload.then_some(row.payload),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    status: Option<String>,
+    event_name: Option<String>,
+    limit: Option<u64>,
+}
+
+fn parse_status(s: Option<&str>) -> Result<Option<Status>, Response> {
+    s.map(|s| s.parse::<Status>())
+        .transpose()
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("status: {e}")))
+}
+
+async fn list_events(State(state): State<AdminState>, Query(q): Query<ListQuery>) -> Response {
+    let status = match parse_status(q.status.as_deref()) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let filter = ListFilter {
+        status,
+        event_name: q.event_name,
+        limit: Some(q.limit.unwrap_or(DEFAULT_LIST_LIMIT).min(10_000)),
+    };
+    match state.store.list(&filter).await {
+        Ok(rows) => Json(
+            rows.into_iter()
+                .map(|r| EventView::new(r, false))
+                .collect::<Vec<_>>(),
+        )
+        .into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn get_event(State(state): State<AdminState>, Path(id): Path<i64>) -> Response {
+    match state.store.get(id).await {
+        Ok(Some(row)) => Json(EventView::new(row, true)).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("event {id} not found")),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn refresh_gauges(state: &AdminState) {
+    if let Ok(stats) = state.store.stats().await {
+        state.metrics.set_table_stats(&stats, crate::store::now());
+    }
+}
+
+async fn retry_one(State(state): State<AdminState>, Path(id): Path<i64>) -> Response {
+    let result = state.store.retry(id).await;
+    match result {
+        Ok(Ok(row)) => {
+            tracing::info!(id, "resent by an operator: failed -> pending");
+            refresh_gauges(&state).await;
+            Json(EventView::new(row, false)).into_response()
+        }
+        Ok(Err(r @ RetryRefused::NotFound(_))) => error(StatusCode::NOT_FOUND, r.to_string()),
+        Ok(Err(r @ RetryRefused::NotFailed { status, .. })) => (
+            StatusCode::CONFLICT,
+            Json(json!({"error": r.to_string(), "status": status})),
+        )
+            .into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RetryAllQuery {
+    status: Option<String>,
+    event_name: Option<String>,
+}
+
+async fn retry_all(State(state): State<AdminState>, Query(q): Query<RetryAllQuery>) -> Response {
+    match parse_status(q.status.as_deref()) {
+        Ok(None) | Ok(Some(Status::Failed)) => {}
+        Ok(Some(other)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("status: only failed events can be resent, not {other}"),
+            )
+        }
+        Err(r) => return r,
+    }
+    match state.store.retry_all_failed(q.event_name.as_deref()).await {
+        Ok(n) => {
+            tracing::info!(count = n, "failed events resent by an operator");
+            refresh_gauges(&state).await;
+            Json(json!({ "resent": n })).into_response()
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}

@@ -1,0 +1,642 @@
+//! The Kafka side: a consumer group on the CDC topic that turns change
+//! events into jobs and commits only what is finished (CONTRACT §4, §5).
+//!
+//! One task owns all the bookkeeping, so none of it needs a lock:
+//! - each message is *begun* in its partition's [`PartitionOffsets`] when it
+//!   arrives and *finished* when decided (skip, invalid) or when its job ends;
+//! - triggers for an id whose job runs here are deferred until that job
+//!   ends, then re-decided from the database (echoes of our own writes);
+//! - at most `max_in_flight` jobs run; beyond that triggers wait in a
+//!   backlog and the assigned partitions are paused;
+//! - offsets are stored as they advance (auto-commit sends them) and
+//!   committed synchronously at shutdown.
+
+pub mod offsets;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::cdc::{Decision, Decoder, Record};
+use crate::config::KafkaSettings;
+use crate::job::{self, JobContext, JobEnd};
+use crate::metrics::Metrics;
+use offsets::PartitionOffsets;
+
+/// How many already-fetched messages one loop turn decides together (one
+/// database read for all their ids).
+const MAX_BATCH: usize = 512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    #[error("cannot create the Kafka consumer: {0}")]
+    Create(KafkaError),
+    #[error("cannot subscribe to topic {topic:?}: {source}")]
+    Subscribe { topic: String, source: KafkaError },
+    #[error("cannot create the dead-letter producer: {0}")]
+    Producer(KafkaError),
+}
+
+/// What readiness needs from the consumer.
+#[derive(Debug, Default)]
+pub struct ConsumerHealth {
+    /// The group was joined at least once and the member holds its
+    /// assignment (possibly empty: a member with no partition is healthy).
+    pub joined: AtomicBool,
+}
+
+enum GroupEvent {
+    Assign(Vec<i32>),
+    Revoke(Vec<i32>),
+}
+
+struct SidecarContext {
+    topic: String,
+    events: mpsc::UnboundedSender<GroupEvent>,
+    metrics: Metrics,
+}
+
+impl SidecarContext {
+    fn partitions(&self, tpl: &TopicPartitionList) -> Vec<i32> {
+        tpl.elements()
+            .iter()
+            .filter(|e| e.topic() == self.topic)
+            .map(|e| e.partition())
+            .collect()
+    }
+}
+
+impl ClientContext for SidecarContext {
+    fn stats(&self, stats: Statistics) {
+        if let Some(topic) = stats.topics.get(&self.topic) {
+            for (id, p) in &topic.partitions {
+                if *id >= 0 && p.consumer_lag >= 0 {
+                    self.metrics
+                        .consumer_lag
+                        .with_label_values(&[&id.to_string()])
+                        .set(p.consumer_lag);
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for SidecarContext {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let parts = self.partitions(tpl);
+            for p in &parts {
+                let _ = self.metrics.consumer_lag.remove_label_values(&[&p.to_string()]);
+            }
+            let _ = self.events.send(GroupEvent::Revoke(parts));
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let _ = self.events.send(GroupEvent::Assign(self.partitions(tpl)));
+            }
+            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+/// The librdkafka configuration: the sidecar's defaults, then the user's
+/// `[kafka.properties]`, then the two settings at-least-once depends on.
+pub fn client_config(settings: &KafkaSettings) -> ClientConfig {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", &settings.brokers)
+        .set("group.id", &settings.group_id)
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "1000")
+        .set("statistics.interval.ms", "5000")
+        .set("enable.partition.eof", "false");
+    for (k, v) in &settings.properties {
+        cfg.set(property_name(k), v);
+    }
+    // Offsets are stored only by the tracker below; never on delivery.
+    cfg.set("enable.auto.offset.store", "false");
+    cfg
+}
+
+/// `OUTBOX__KAFKA__PROPERTIES__SASL_PASSWORD` arrives as `sasl_password`:
+/// librdkafka names use dots, never underscores, so map them back.
+pub fn property_name(key: &str) -> String {
+    key.replace('_', ".")
+}
+
+/// A message whose work is outstanding, as the loop tracks it.
+#[derive(Debug, Clone, Copy)]
+struct Pos {
+    partition: i32,
+    generation: u64,
+    offset: i64,
+}
+
+struct PartitionState {
+    generation: u64,
+    offsets: PartitionOffsets,
+    cancel: CancellationToken,
+}
+
+struct Running {
+    serial: u64,
+}
+
+struct JobDone {
+    id: i64,
+    serial: u64,
+    pos: Pos,
+    end: JobEnd,
+}
+
+pub struct Pipeline {
+    consumer: StreamConsumer<SidecarContext>,
+    events: mpsc::UnboundedReceiver<GroupEvent>,
+    topic: String,
+    decoder: Decoder,
+    ctx: Arc<JobContext>,
+    max_in_flight: usize,
+    dead_letter: Option<(FutureProducer, String)>,
+    health: Arc<ConsumerHealth>,
+    drain_timeout: Duration,
+}
+
+impl Pipeline {
+    pub fn new(
+        settings: &KafkaSettings,
+        table: &str,
+        ctx: Arc<JobContext>,
+        max_in_flight: usize,
+        drain_timeout: Duration,
+        health: Arc<ConsumerHealth>,
+    ) -> Result<Self, ConsumerError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let context = SidecarContext {
+            topic: settings.topic.clone(),
+            events: tx,
+            metrics: ctx.metrics.clone(),
+        };
+        let consumer: StreamConsumer<SidecarContext> = client_config(settings)
+            .create_with_context(context)
+            .map_err(ConsumerError::Create)?;
+        consumer
+            .subscribe(&[&settings.topic])
+            .map_err(|source| ConsumerError::Subscribe {
+                topic: settings.topic.clone(),
+                source,
+            })?;
+        let dead_letter = match &settings.dead_letter_topic {
+            Some(topic) if !topic.is_empty() => {
+                let mut cfg = ClientConfig::new();
+                cfg.set("bootstrap.servers", &settings.brokers);
+                for (k, v) in &settings.properties {
+                    cfg.set(property_name(k), v);
+                }
+                let producer: FutureProducer = cfg.create().map_err(ConsumerError::Producer)?;
+                Some((producer, topic.clone()))
+            }
+            _ => None,
+        };
+        Ok(Self {
+            consumer,
+            events: rx,
+            topic: settings.topic.clone(),
+            decoder: Decoder::new(table),
+            ctx,
+            max_in_flight,
+            dead_letter,
+            health,
+            drain_timeout,
+        })
+    }
+
+    /// Runs until `shutdown` is cancelled, then drains: running POSTs finish
+    /// and write their status within the drain timeout, finished offsets are
+    /// committed synchronously.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<JobDone>();
+        let mut st = LoopState {
+            partitions: HashMap::new(),
+            running: HashMap::new(),
+            deferred: HashMap::new(),
+            backlog: VecDeque::new(),
+            next_generation: 1,
+            next_serial: 1,
+            paused: false,
+            done_tx,
+        };
+        info!(topic = %self.topic, "consuming");
+        let consumer = &self.consumer;
+        let mut stream = consumer.stream();
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                Some(ev) = self.events.recv() => {
+                    st.group_event(&self, ev);
+                }
+                Some(done) = done_rx.recv() => {
+                    st.job_done(&self, done, &shutdown).await;
+                }
+                msg = stream.next() => {
+                    let Some(first) = msg else { break };
+                    // Rebalance callbacks ran inside that poll: apply them
+                    // before deciding messages of the new assignment.
+                    while let Ok(ev) = self.events.try_recv() {
+                        st.group_event(&self, ev);
+                    }
+                    let mut batch = Vec::new();
+                    self.collect(first, &mut batch);
+                    while batch.len() < MAX_BATCH {
+                        match stream.next().now_or_never() {
+                            Some(Some(m)) => self.collect(m, &mut batch),
+                            _ => break,
+                        }
+                    }
+                    while let Ok(ev) = self.events.try_recv() {
+                        st.group_event(&self, ev);
+                    }
+                    st.decide_batch(&self, batch, &shutdown).await;
+                }
+            }
+            st.store_offsets(&self);
+            st.flow_control(&self);
+        }
+        drop(stream);
+        self.drain(st, done_rx).await;
+    }
+
+    /// Decodes one polled message; consumer errors are logged and skipped.
+    fn collect(
+        &self,
+        msg: Result<rdkafka::message::BorrowedMessage<'_>, KafkaError>,
+        batch: &mut Vec<Polled>,
+    ) {
+        match msg {
+            Ok(m) => {
+                let record = Record {
+                    topic: m.topic(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key(),
+                    value: m.payload(),
+                };
+                let decision = self.decoder.decode(&record);
+                let raw = match decision {
+                    Decision::Invalid(_) if self.dead_letter.is_some() => {
+                        Some((m.key().map(<[u8]>::to_vec), m.payload().map(<[u8]>::to_vec)))
+                    }
+                    _ => None,
+                };
+                batch.push(Polled {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    decision,
+                    raw,
+                });
+            }
+            Err(e) => warn!(error = %e, "Kafka consumer error"),
+        }
+    }
+
+    async fn dead_letter(&self, p: &Polled, reason: &str) {
+        let Some((producer, topic)) = &self.dead_letter else {
+            return;
+        };
+        let (key, value) = p.raw.clone().unwrap_or((None, None));
+        let headers = OwnedHeaders::new()
+            .insert(Header { key: "outbox.error", value: Some(reason) })
+            .insert(Header { key: "outbox.source.topic", value: Some(self.topic.as_str()) })
+            .insert(Header { key: "outbox.source.partition", value: Some(&p.partition.to_string()) })
+            .insert(Header { key: "outbox.source.offset", value: Some(&p.offset.to_string()) });
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
+        if let Some(k) = key.as_deref() {
+            record = record.key(k);
+        }
+        if let Some(v) = value.as_deref() {
+            record = record.payload(v);
+        }
+        if let Err((e, _)) = producer.send(record, Duration::from_secs(10)).await {
+            error!(error = %e, topic = %topic, "cannot write the invalid record to the dead-letter topic");
+        }
+    }
+
+    async fn drain(self, mut st: LoopState, mut done_rx: mpsc::UnboundedReceiver<JobDone>) {
+        info!(running = st.running.len(), "draining");
+        for p in st.partitions.values() {
+            p.cancel.cancel();
+        }
+        st.backlog.clear();
+        st.deferred.clear();
+        let deadline = tokio::time::Instant::now() + self.drain_timeout;
+        while !st.running.is_empty() {
+            match tokio::time::timeout_at(deadline, done_rx.recv()).await {
+                Ok(Some(done)) => st.release(&done),
+                Ok(None) => break,
+                Err(_) => {
+                    warn!(running = st.running.len(), "drain timeout: leaving the remaining messages uncommitted");
+                    self.ctx.abort.cancel();
+                    break;
+                }
+            }
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (p, state) in &st.partitions {
+            if let Some(next) = state.offsets.committable() {
+                let _ = tpl.add_partition_offset(&self.topic, *p, Offset::Offset(next));
+            }
+        }
+        if tpl.count() > 0 {
+            match self.consumer.commit(&tpl, CommitMode::Sync) {
+                Ok(()) => info!(partitions = tpl.count(), "offsets committed"),
+                Err(e) => warn!(error = %e, "final offset commit failed"),
+            }
+        }
+        self.consumer.unsubscribe();
+        self.health.joined.store(false, Ordering::Relaxed);
+    }
+}
+
+struct Polled {
+    partition: i32,
+    offset: i64,
+    decision: Decision,
+    raw: Option<(Option<Vec<u8>>, Option<Vec<u8>>)>,
+}
+
+struct LoopState {
+    partitions: HashMap<i32, PartitionState>,
+    running: HashMap<i64, Running>,
+    /// Triggers for ids whose job is running, re-decided when it ends.
+    deferred: HashMap<i64, Vec<Pos>>,
+    backlog: VecDeque<(i64, Pos)>,
+    next_generation: u64,
+    next_serial: u64,
+    paused: bool,
+    done_tx: mpsc::UnboundedSender<JobDone>,
+}
+
+impl LoopState {
+    fn group_event(&mut self, pl: &Pipeline, ev: GroupEvent) {
+        match ev {
+            GroupEvent::Assign(parts) => {
+                for p in parts {
+                    let generation = self.next_generation;
+                    self.next_generation += 1;
+                    self.partitions.insert(
+                        p,
+                        PartitionState {
+                            generation,
+                            offsets: PartitionOffsets::default(),
+                            cancel: CancellationToken::new(),
+                        },
+                    );
+                    info!(partition = p, "partition assigned");
+                }
+                pl.health.joined.store(true, Ordering::Relaxed);
+                // A new assignment starts unpaused; re-apply if still full.
+                self.paused = false;
+            }
+            GroupEvent::Revoke(parts) => {
+                for p in parts {
+                    if let Some(state) = self.partitions.remove(&p) {
+                        state.cancel.cancel();
+                        info!(partition = p, unfinished = state.offsets.unfinished(), "partition revoked");
+                    }
+                    self.backlog.retain(|(_, pos)| pos.partition != p);
+                    for list in self.deferred.values_mut() {
+                        list.retain(|pos| pos.partition != p);
+                    }
+                }
+            }
+        }
+    }
+
+    fn current(&self, pos: &Pos) -> bool {
+        self.partitions
+            .get(&pos.partition)
+            .is_some_and(|s| s.generation == pos.generation)
+    }
+
+    fn begin(&mut self, partition: i32, offset: i64) -> Option<Pos> {
+        let state = self.partitions.get_mut(&partition)?;
+        state.offsets.begin(offset);
+        Some(Pos {
+            partition,
+            generation: state.generation,
+            offset,
+        })
+    }
+
+    fn finish(&mut self, pos: &Pos) {
+        if let Some(state) = self.partitions.get_mut(&pos.partition) {
+            if state.generation == pos.generation {
+                state.offsets.finish(pos.offset);
+            }
+        }
+    }
+
+    async fn decide_batch(&mut self, pl: &Pipeline, batch: Vec<Polled>, shutdown: &CancellationToken) {
+        let m = &pl.ctx.metrics;
+        let mut candidates = Vec::new();
+        for polled in batch {
+            let Some(pos) = self.begin(polled.partition, polled.offset) else {
+                // Not (or no longer) ours: the next owner reads it again.
+                continue;
+            };
+            m.cdc_messages_total
+                .with_label_values(&[polled.decision.result_label()])
+                .inc();
+            match &polled.decision {
+                Decision::Trigger(t) => candidates.push((t.id, pos)),
+                Decision::Skip(skip) => {
+                    m.cdc_skips_total.with_label_values(&[skip.reason()]).inc();
+                    debug!(partition = pos.partition, offset = pos.offset, reason = skip.reason(), "skipped");
+                    self.finish(&pos);
+                }
+                Decision::Invalid(err) => {
+                    warn!(error = %err, "invalid change event skipped");
+                    pl.dead_letter(&polled, &err.to_string()).await;
+                    self.finish(&pos);
+                }
+            }
+        }
+        self.admit(pl, candidates, shutdown).await;
+    }
+
+    /// Starts jobs for triggers: deferred when the id's job runs, into the
+    /// backlog when full, else read from the database and started when the
+    /// row is pending there.
+    async fn admit(&mut self, pl: &Pipeline, candidates: Vec<(i64, Pos)>, shutdown: &CancellationToken) {
+        let mut to_read: Vec<(i64, Pos)> = Vec::new();
+        for (id, pos) in candidates {
+            if self.running.contains_key(&id) || to_read.iter().any(|(i, _)| *i == id) {
+                pl.ctx.metrics.cdc_skips_total.with_label_values(&["job_running"]).inc();
+                self.deferred.entry(id).or_default().push(pos);
+            } else if self.running.len() + to_read.len() >= pl.max_in_flight {
+                self.backlog.push_back((id, pos));
+            } else {
+                to_read.push((id, pos));
+            }
+        }
+        if to_read.is_empty() {
+            return;
+        }
+        let ids: Vec<i64> = to_read.iter().map(|(id, _)| *id).collect();
+        let Some(rows) = read_rows(pl, &ids, shutdown).await else {
+            return; // shutting down: these stay unfinished, hence uncommitted
+        };
+        let mut rows: HashMap<i64, entity::OutboxEventRow> =
+            rows.into_iter().map(|r| (r.id, r)).collect();
+        for (id, pos) in to_read {
+            if !self.current(&pos) {
+                continue;
+            }
+            match rows.remove(&id) {
+                Some(row) if row.status == entity::Status::Pending => self.spawn(pl, row, pos),
+                Some(row) => {
+                    pl.ctx.metrics.cdc_skips_total.with_label_values(&["stale"]).inc();
+                    debug!(id, status = %row.status, "stale trigger skipped");
+                    self.finish(&pos);
+                }
+                None => {
+                    pl.ctx.metrics.cdc_skips_total.with_label_values(&["row_missing"]).inc();
+                    self.finish(&pos);
+                }
+            }
+        }
+    }
+
+    fn spawn(&mut self, pl: &Pipeline, row: entity::OutboxEventRow, pos: Pos) {
+        let Some(state) = self.partitions.get(&pos.partition) else {
+            return;
+        };
+        let cancel = state.cancel.clone();
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let id = row.id;
+        self.running.insert(id, Running { serial });
+        pl.ctx.metrics.inflight_events.set(self.running.len() as i64);
+        let ctx = pl.ctx.clone();
+        let tx = self.done_tx.clone();
+        tokio::spawn(async move {
+            let end = job::run(ctx, row, cancel).await;
+            let _ = tx.send(JobDone { id, serial, pos, end });
+        });
+    }
+
+    fn release(&mut self, done: &JobDone) {
+        if self.running.get(&done.id).is_some_and(|r| r.serial == done.serial) {
+            self.running.remove(&done.id);
+        }
+        if done.end.finishes_message() {
+            self.finish(&done.pos);
+        }
+    }
+
+    async fn job_done(&mut self, pl: &Pipeline, done: JobDone, shutdown: &CancellationToken) {
+        self.release(&done);
+        pl.ctx.metrics.inflight_events.set(self.running.len() as i64);
+        let mut again = Vec::new();
+        if let Some(list) = self.deferred.remove(&done.id) {
+            let current: Vec<Pos> = list.into_iter().filter(|p| self.current(p)).collect();
+            let mut list = current.into_iter();
+            if let Some(first) = list.next() {
+                again.push((done.id, first));
+            }
+            // One re-decision covers the id; the other triggers are done.
+            for pos in list {
+                self.finish(&pos);
+            }
+        }
+        while self.running.len() + again.len() < pl.max_in_flight {
+            match self.backlog.pop_front() {
+                Some(item) if self.current(&item.1) => again.push(item),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        if !again.is_empty() {
+            self.admit(pl, again, shutdown).await;
+        }
+    }
+
+    fn store_offsets(&mut self, pl: &Pipeline) {
+        let mut tpl = TopicPartitionList::new();
+        for (p, state) in self.partitions.iter_mut() {
+            if let Some(next) = state.offsets.take_committable() {
+                let _ = tpl.add_partition_offset(&pl.topic, *p, Offset::Offset(next));
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = pl.consumer.store_offsets(&tpl) {
+                debug!(error = %e, "storing offsets failed (partition revoked?)");
+            }
+        }
+    }
+
+    /// Pauses the assigned partitions while the in-flight limit is reached,
+    /// so librdkafka stops fetching instead of the sidecar buffering.
+    fn flow_control(&mut self, pl: &Pipeline) {
+        let full = self.running.len() >= pl.max_in_flight || !self.backlog.is_empty();
+        if full == self.paused {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for p in self.partitions.keys() {
+            tpl.add_partition(&pl.topic, *p);
+        }
+        let result = if full {
+            pl.consumer.pause(&tpl)
+        } else {
+            pl.consumer.resume(&tpl)
+        };
+        match result {
+            Ok(()) => {
+                self.paused = full;
+                debug!(paused = full, running = self.running.len(), "flow control");
+            }
+            Err(e) => warn!(error = %e, "pause/resume failed"),
+        }
+    }
+}
+
+/// Reads rows, retrying while the database is down; `None` on shutdown.
+async fn read_rows(
+    pl: &Pipeline,
+    ids: &[i64],
+    shutdown: &CancellationToken,
+) -> Option<Vec<entity::OutboxEventRow>> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match pl.ctx.store.get_many(ids).await {
+            Ok(rows) => return Some(rows),
+            Err(e) => {
+                warn!(error = %e, retry_in = ?backoff, "cannot read triggered rows; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}

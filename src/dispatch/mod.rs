@@ -1,0 +1,243 @@
+//! Dispatchers: the registry that maps `event_name` to an HTTP endpoint,
+//! built from `[dispatchers.NAME]` (CONTRACT §6), and the request itself.
+//!
+//! Any non-2xx (redirects are not followed), timeout or connection error is
+//! a failure with a short readable message for `last_error`; R-004 does not
+//! tell them apart, so neither does this module.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use entity::OutboxEventRow;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+
+use crate::config::DispatcherSettings;
+
+/// How much of an error response body goes into `last_error`.
+const BODY_EXCERPT_BYTES: usize = 200;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchBuildError {
+    #[error("dispatchers.{name}: {message}")]
+    Invalid { name: String, message: String },
+}
+
+/// The outcome of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    Delivered { status: u16 },
+    Failed { error: String },
+}
+
+pub struct Dispatcher {
+    name: String,
+    url: reqwest::Url,
+    timeout: Duration,
+    client: reqwest::Client,
+    headers: HeaderMap,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("name", &self.name)
+            .field("url", &self.url.as_str())
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dispatcher {
+    pub fn new(name: &str, settings: &DispatcherSettings) -> Result<Self, DispatchBuildError> {
+        let invalid = |message: String| DispatchBuildError::Invalid {
+            name: name.to_owned(),
+            message,
+        };
+        let url = reqwest::Url::parse(&settings.url)
+            .map_err(|e| invalid(format!("url {:?}: {e}", settings.url)))?;
+        let mut headers = HeaderMap::new();
+        for (k, v) in &settings.headers {
+            let name = HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| invalid(format!("headers.{k}: not a header name")))?;
+            let mut value = HeaderValue::from_str(v.expose())
+                .map_err(|_| invalid(format!("headers.{k}: not a header value")))?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(settings.timeout)
+            .pool_max_idle_per_host(256)
+            .build()
+            .map_err(|e| invalid(format!("HTTP client: {e}")))?;
+        Ok(Self {
+            name: name.to_owned(),
+            url,
+            timeout: settings.timeout,
+            client,
+            headers,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// POSTs the row's payload; `attempt` is 1-based.
+    pub async fn send(&self, row: &OutboxEventRow, attempt: i32) -> Delivery {
+        let body = match serde_json::to_vec(&row.payload) {
+            Ok(b) => b,
+            Err(e) => {
+                return Delivery::Failed {
+                    error: format!("payload is not serialisable: {e}"),
+                }
+            }
+        };
+        let mut headers = self.headers.clone();
+        insert(&mut headers, "idempotency-key", &row.id.to_string());
+        insert(&mut headers, "outbox-event-name", &row.event_name);
+        insert(&mut headers, "outbox-attempt", &attempt.to_string());
+        let request = self
+            .client
+            .post(self.url.clone())
+            .headers(headers)
+            .body(body);
+        match request.send().await {
+            Ok(mut resp) => {
+                let status = resp.status();
+                if status.is_success() {
+                    return Delivery::Delivered {
+                        status: status.as_u16(),
+                    };
+                }
+                let excerpt = read_excerpt(&mut resp).await;
+                Delivery::Failed {
+                    error: if excerpt.is_empty() {
+                        format!("HTTP {}", status.as_u16())
+                    } else {
+                        format!("HTTP {}: {excerpt}", status.as_u16())
+                    },
+                }
+            }
+            Err(e) => Delivery::Failed {
+                error: describe_error(&e, self.timeout),
+            },
+        }
+    }
+}
+
+fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        headers.insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// The first bytes of an error body, on one line; never the whole body.
+async fn read_excerpt(resp: &mut reqwest::Response) -> String {
+    let mut buf: Vec<u8> = Vec::new();
+    while buf.len() < BODY_EXCERPT_BYTES {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let mut out: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if out.len() > BODY_EXCERPT_BYTES {
+        let mut end = BODY_EXCERPT_BYTES;
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+        out.push('…');
+    }
+    out.trim().to_owned()
+}
+
+/// A short cause without the URL (it could carry credentials).
+fn describe_error(e: &reqwest::Error, timeout: Duration) -> String {
+    if e.is_timeout() {
+        return format!("timeout after {}", humantime::format_duration(timeout));
+    }
+    let mut cause: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    let mut deepest = None;
+    while let Some(c) = cause {
+        deepest = Some(c.to_string());
+        cause = c.source();
+    }
+    let kind = if e.is_connect() {
+        "connection error"
+    } else if e.is_request() || e.is_body() {
+        "request error"
+    } else {
+        "HTTP error"
+    };
+    match deepest {
+        Some(d) => format!("{kind}: {d}"),
+        None => kind.to_owned(),
+    }
+}
+
+/// `event_name` → dispatcher; several names may share one dispatcher.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    by_event: HashMap<String, Arc<Dispatcher>>,
+}
+
+impl Registry {
+    pub fn from_settings<'a>(
+        dispatchers: impl IntoIterator<Item = (&'a String, &'a DispatcherSettings)>,
+    ) -> Result<Self, DispatchBuildError> {
+        let mut by_event = HashMap::new();
+        for (name, settings) in dispatchers {
+            let d = Arc::new(Dispatcher::new(name, settings)?);
+            for event in &settings.events {
+                by_event.insert(event.clone(), d.clone());
+            }
+        }
+        Ok(Self { by_event })
+    }
+
+    pub fn get(&self, event_name: &str) -> Option<&Arc<Dispatcher>> {
+        self.by_event.get(event_name)
+    }
+
+    pub fn event_names(&self) -> impl Iterator<Item = &str> {
+        self.by_event.keys().map(String::as_str)
+    }
+
+    /// Sends through the registered dispatcher; an unregistered name is a
+    /// failure like any other (R-004: it uses up the attempts too).
+    pub async fn dispatch(&self, row: &OutboxEventRow, attempt: i32) -> (Delivery, Option<(&str, Duration)>) {
+        match self.get(&row.event_name) {
+            Some(d) => {
+                let started = Instant::now();
+                let delivery = d.send(row, attempt).await;
+                (delivery, Some((d.name(), started.elapsed())))
+            }
+            None => (
+                Delivery::Failed {
+                    error: format!(
+                        "no dispatcher registered for event_name {:?}",
+                        row.event_name
+                    ),
+                },
+                None,
+            ),
+        }
+    }
+
+    /// The metric label for a row's event name: bounded to configured names.
+    pub fn label<'a>(&self, event_name: &'a str) -> &'a str {
+        if self.by_event.contains_key(event_name) {
+            event_name
+        } else {
+            "unregistered"
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Prometheus metrics: one registry owned by [`Metrics`], passed to every
+//! part that reports. Label sets are small and fixed: `event_name` is the
+//! configured name or `unregistered`, never a free string from a row.
+
+use prometheus::{
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::store::TableStats;
+
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    pub events_failed: IntGauge,
+    pub events_pending: IntGauge,
+    pub oldest_pending_age: Gauge,
+    pub dispatch_total: IntCounterVec,
+    pub transitions_total: IntCounterVec,
+    pub dispatch_duration: HistogramVec,
+    pub cdc_messages_total: IntCounterVec,
+    pub cdc_skips_total: IntCounterVec,
+    pub inflight_events: IntGauge,
+    pub consumer_lag: IntGaugeVec,
+    pub db_write_retries_total: IntCounterVec,
+}
+
+fn must<T>(r: prometheus::Result<T>) -> T {
+    // Only fails for an invalid name or a duplicate registration, both
+    // fixed at compile time here: a programming error, caught by tests.
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("metric definition: {e}"),
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let reg = |c: Box<dyn prometheus::core::Collector>| must(registry.register(c));
+        let events_failed = must(IntGauge::new(
+            "outbox_events_failed",
+            "Rows in the outbox table with status failed",
+        ));
+        let events_pending = must(IntGauge::new(
+            "outbox_events_pending",
+            "Rows in the outbox table with status pending",
+        ));
+        let oldest_pending_age = must(Gauge::new(
+            "outbox_oldest_pending_age_seconds",
+            "Age of the oldest pending row (by created_at), 0 when none",
+        ));
+        let dispatch_total = must(IntCounterVec::new(
+            Opts::new("outbox_dispatch_total", "Dispatch attempts by outcome"),
+            &["event_name", "outcome"],
+        ));
+        let transitions_total = must(IntCounterVec::new(
+            Opts::new(
+                "outbox_transitions_total",
+                "Status writes by the sidecar, by target status",
+            ),
+            &["event_name", "to"],
+        ));
+        let dispatch_duration = must(HistogramVec::new(
+            HistogramOpts::new(
+                "outbox_dispatch_duration_seconds",
+                "Duration of one HTTP dispatch",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+            &["dispatcher"],
+        ));
+        let cdc_messages_total = must(IntCounterVec::new(
+            Opts::new(
+                "outbox_cdc_messages_total",
+                "Change events consumed, by result (triggered, skipped, invalid)",
+            ),
+            &["result"],
+        ));
+        let cdc_skips_total = must(IntCounterVec::new(
+            Opts::new(
+                "outbox_cdc_skips_total",
+                "Change events skipped, by reason",
+            ),
+            &["reason"],
+        ));
+        let inflight_events = must(IntGauge::new(
+            "outbox_inflight_events",
+            "Events with a job running in this process",
+        ));
+        let consumer_lag = must(IntGaugeVec::new(
+            Opts::new(
+                "outbox_consumer_lag",
+                "Consumer lag per assigned partition, from librdkafka statistics",
+            ),
+            &["partition"],
+        ));
+        let db_write_retries_total = must(IntCounterVec::new(
+            Opts::new(
+                "outbox_db_write_retries_total",
+                "Status writes retried after a database error",
+            ),
+            &["to"],
+        ));
+        reg(Box::new(events_failed.clone()));
+        reg(Box::new(events_pending.clone()));
+        reg(Box::new(oldest_pending_age.clone()));
+        reg(Box::new(dispatch_total.clone()));
+        reg(Box::new(transitions_total.clone()));
+        reg(Box::new(dispatch_duration.clone()));
+        reg(Box::new(cdc_messages_total.clone()));
+        reg(Box::new(cdc_skips_total.clone()));
+        reg(Box::new(inflight_events.clone()));
+        reg(Box::new(consumer_lag.clone()));
+        reg(Box::new(db_write_retries_total.clone()));
+        // Known series start at zero so dashboards and alerts see them.
+        for r in ["triggered", "skipped", "invalid"] {
+            cdc_messages_total.with_label_values(&[r]);
+        }
+        Self {
+            registry,
+            events_failed,
+            events_pending,
+            oldest_pending_age,
+            dispatch_total,
+            transitions_total,
+            dispatch_duration,
+            cdc_messages_total,
+            cdc_skips_total,
+            inflight_events,
+            consumer_lag,
+            db_write_retries_total,
+        }
+    }
+
+    /// Pre-creates the per-event series so rates exist before traffic.
+    pub fn register_event_names<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        for name in names {
+            for outcome in ["success", "failure"] {
+                self.dispatch_total.with_label_values(&[name, outcome]);
+            }
+        }
+    }
+
+    pub fn set_table_stats(&self, stats: &TableStats, now: chrono::NaiveDateTime) {
+        self.events_failed.set(stats.failed);
+        self.events_pending.set(stats.pending);
+        let age = stats
+            .oldest_pending_created_at
+            .map(|t| (now - t).num_milliseconds().max(0) as f64 / 1000.0)
+            .unwrap_or(0.0);
+        self.oldest_pending_age.set(age);
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let families = self.registry.gather();
+        if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {
+            return format!("# encoding metrics failed: {e}\n");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

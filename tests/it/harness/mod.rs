@@ -1,0 +1,225 @@
+//! `spawn_app` and what it stands on: each test gets its own PostgreSQL
+//! database (migrated), its own topic and group on a Kafka-protocol broker,
+//! a Debezium stand-in publishing every write, a real HTTP receiver, and the
+//! sidecar running in-process.
+
+pub mod feed;
+pub mod kafka;
+pub mod receiver;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use entity::{OutboxEventRow, Status};
+use outbox_sidecar::app::App;
+use outbox_sidecar::config::Settings;
+use outbox_sidecar::store::Store;
+use serde_json::Value;
+
+use crate::db::TestDb;
+pub use feed::ChangeFeed;
+pub use kafka::{unique, Kafka};
+pub use receiver::Receiver;
+
+pub const ACCOUNTS_EVENTS: [&str; 3] = [
+    "accounts.purchase_create",
+    "accounts.installment_paid",
+    "accounts.installment_overdue",
+];
+
+/// Polls `check` until it returns `Some`, failing the test after `limit`.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[derive(Clone)]
+pub struct Options {
+    pub retry_delay: &'static str,
+    pub max_attempts: i32,
+    pub max_in_flight: usize,
+    pub partitions: i32,
+    pub admin_token: Option<&'static str>,
+    /// Extra TOML appended to the generated configuration.
+    pub extra_toml: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            retry_delay: "300ms",
+            max_attempts: 3,
+            max_in_flight: 16,
+            partitions: 3,
+            admin_token: Some("test-admin-token"),
+            extra_toml: String::new(),
+        }
+    }
+}
+
+pub struct TestApp {
+    pub kafka: Kafka,
+    pub db: TestDb,
+    pub store: Store,
+    pub feed: ChangeFeed,
+    pub receiver: Receiver,
+    pub topic: String,
+    pub group: String,
+    pub opts: Options,
+    pub app: Option<App>,
+}
+
+impl TestApp {
+    pub fn settings(&self, group: &str) -> Settings {
+        let o = &self.opts;
+        let token = o
+            .admin_token
+            .map(|t| format!("token = \"{t}\""))
+            .unwrap_or_default();
+        let toml = format!(
+            r#"
+[database]
+url = "{db}"
+max_connections = 8
+[kafka]
+brokers = "{brokers}"
+topic = "{topic}"
+group_id = "{group}"
+[kafka.properties]
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "500"
+"topic.metadata.refresh.interval.ms" = "1000"
+[dispatch]
+max_attempts = {max_attempts}
+retry_delay = "{retry_delay}"
+max_in_flight = {max_in_flight}
+[dispatchers.accounts]
+url = "{url}"
+events = ["accounts.purchase_create", "accounts.installment_paid", "accounts.installment_overdue"]
+timeout = "2s"
+[dispatchers.accounts.headers]
+Authorization = "Bearer accounts-secret-token"
+[admin]
+listen = "127.0.0.1:0"
+{token}
+[metrics]
+refresh_interval = "200ms"
+[shutdown]
+drain_timeout = "5s"
+{extra}
+"#,
+            db = self.db.url,
+            brokers = self.kafka.brokers,
+            topic = self.topic,
+            max_attempts = o.max_attempts,
+            retry_delay = o.retry_delay,
+            max_in_flight = o.max_in_flight,
+            url = self.receiver.url(),
+            extra = o.extra_toml,
+        );
+        Settings::from_toml(Some(&toml), BTreeMap::new()).expect("test settings")
+    }
+
+    /// Starts (or restarts) the sidecar and waits until it is ready.
+    pub async fn start(&mut self) {
+        let group = self.group.clone();
+        self.app = Some(self.start_in_group(&group).await);
+    }
+
+    pub async fn start_in_group(&self, group: &str) -> App {
+        let app = App::start(self.settings(group)).await.expect("start the sidecar");
+        let url = format!("http://{}/readyz", app.admin_addr());
+        eventually("the sidecar to be ready", Duration::from_secs(30), || {
+            let url = url.clone();
+            async move {
+                let r = reqwest::get(&url).await.ok()?;
+                r.status().is_success().then_some(())
+            }
+        })
+        .await;
+        app
+    }
+
+    pub async fn stop(&mut self) {
+        if let Some(app) = self.app.take() {
+            app.stop().await;
+        }
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        let app = self.app.as_ref().expect("running");
+        format!("http://{}{path}", app.admin_addr())
+    }
+
+    pub async fn insert(&self, event_name: &str, payload: Value) -> i64 {
+        self.store.insert(event_name, &payload).await.expect("insert")
+    }
+
+    pub async fn row(&self, id: i64) -> OutboxEventRow {
+        self.store.get(id).await.expect("read").expect("row exists")
+    }
+
+    /// Waits until the row reaches `status`.
+    pub async fn wait_status(&self, id: i64, status: Status, limit: Duration) -> OutboxEventRow {
+        eventually(&format!("event {id} to be {status}"), limit, || async move {
+            let row = self.store.get(id).await.ok()??;
+            (row.status == status).then_some(row)
+        })
+        .await
+    }
+
+    /// Waits until the group committed everything published so far: then
+    /// every job has ended and nothing more will be sent.
+    pub async fn wait_all_committed(&self, group: &str, limit: Duration) {
+        eventually("all offsets to be committed", limit, || async move {
+            let end = self.kafka.end_offsets(&self.topic, self.opts.partitions);
+            let committed = self.kafka.committed(group, &self.topic, self.opts.partitions);
+            let done = end
+                .iter()
+                .zip(&committed)
+                .all(|(e, c)| *e == 0 || c == e);
+            done.then_some(())
+        })
+        .await
+    }
+}
+
+pub async fn spawn_app_with(opts: Options, receiver: Receiver) -> TestApp {
+    let kafka = Kafka::start();
+    let db = TestDb::postgres().await;
+    let store = db.store(opts.max_attempts).await;
+    let topic = unique("outbox");
+    let group = unique("sidecar");
+    kafka.create_topic(&topic, opts.partitions).await;
+    let feed = ChangeFeed::start(&db.url, &kafka.brokers, &topic).await;
+    let mut t = TestApp {
+        kafka,
+        db,
+        store,
+        feed,
+        receiver,
+        topic,
+        group,
+        opts,
+        app: None,
+    };
+    t.start().await;
+    t
+}
+
+pub async fn spawn_app(opts: Options) -> TestApp {
+    spawn_app_with(opts, Receiver::accepting().await).await
+}
