@@ -74,6 +74,7 @@ pub struct TestApp {
     pub kafka: Kafka,
     pub db: TestDb,
     pub store: Store,
+    #[allow(dead_code)]
     pub feed: ChangeFeed,
     pub receiver: Receiver,
     pub topic: String,
