@@ -53,7 +53,9 @@ pub fn router(state: AdminState) -> Router {
         .route("/readyz", get(readyz))
         .merge(admin)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(
+            MAX_BODY_BYTES,
+        ))
         .with_state(state)
 }
 
@@ -74,17 +76,16 @@ async fn require_token(State(state): State<AdminState>, req: Request, next: Next
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    let ok: bool = presented
-        .as_bytes()
-        .ct_eq(token.expose().as_bytes())
-        .into();
+    let ok: bool = presented.as_bytes().ct_eq(token.expose().as_bytes()).into();
     if !ok || presented.is_empty() {
         let mut resp = error(
             StatusCode::UNAUTHORIZED,
             "missing or wrong bearer token in the Authorization header",
         );
-        resp.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
         return resp;
     }
     next.run(req).await
@@ -169,16 +170,16 @@ pub struct ListQuery {
     limit: Option<u64>,
 }
 
-fn parse_status(s: Option<&str>) -> Result<Option<Status>, Response> {
+fn parse_status(s: Option<&str>) -> Result<Option<Status>, Box<Response>> {
     s.map(|s| s.parse::<Status>())
         .transpose()
-        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("status: {e}")))
+        .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, format!("status: {e}"))))
 }
 
 async fn list_events(State(state): State<AdminState>, Query(q): Query<ListQuery>) -> Response {
     let status = match parse_status(q.status.as_deref()) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let filter = ListFilter {
         status,
@@ -243,7 +244,7 @@ async fn retry_all(State(state): State<AdminState>, Query(q): Query<RetryAllQuer
                 format!("status: only failed events can be resent, not {other}"),
             )
         }
-        Err(r) => return r,
+        Err(r) => return *r,
     }
     match state.store.retry_all_failed(q.event_name.as_deref()).await {
         Ok(n) => {

@@ -82,7 +82,11 @@ impl App {
             store: store.clone(),
             metrics: metrics.clone(),
             health,
-            token: settings.admin.token.clone().filter(|t| !t.expose().is_empty()),
+            token: settings
+                .admin
+                .token
+                .clone()
+                .filter(|t| !t.expose().is_empty()),
             alive: alive.clone(),
         };
         let server_shutdown = CancellationToken::new();
@@ -205,7 +209,10 @@ async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
             (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {
                     _ = term.recv() => {}

@@ -18,7 +18,11 @@ pub const EXIT_FAILED: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 
 #[derive(Debug, Parser)]
-#[command(name = "outbox-sidecar", version, about = "Delivers outbox_events rows announced by Debezium on Kafka to HTTP receivers")]
+#[command(
+    name = "outbox-sidecar",
+    version,
+    about = "Delivers outbox_events rows announced by Debezium on Kafka to HTTP receivers"
+)]
 pub struct Cli {
     /// The TOML configuration file (environment variables OUTBOX__SECTION__KEY override it).
     #[arg(long, global = true, env = "OUTBOX_CONFIG", value_name = "FILE")]
@@ -180,7 +184,14 @@ fn fail(e: &dyn std::fmt::Display) -> i32 {
 
 /// The `events list` table: fixed columns, `last_error` shortened.
 pub fn render_table(rows: &[OutboxEventRow]) -> String {
-    let header = ["id", "event_name", "status", "attempts", "last_error", "updated_at"];
+    let header = [
+        "id",
+        "event_name",
+        "status",
+        "attempts",
+        "last_error",
+        "updated_at",
+    ];
     let cells: Vec<[String; 6]> = rows
         .iter()
         .map(|r| {
@@ -215,7 +226,11 @@ pub fn render_table(rows: &[OutboxEventRow]) -> String {
     for row in &cells {
         out.push_str(&line(row.iter().map(String::as_str).collect()));
     }
-    out.push_str(&format!("({} row{})\n", rows.len(), if rows.len() == 1 { "" } else { "s" }));
+    out.push_str(&format!(
+        "({} row{})\n",
+        rows.len(),
+        if rows.len() == 1 { "" } else { "s" }
+    ));
     out
 }
 

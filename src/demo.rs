@@ -1,2 +1,4 @@
 //! Demo placeholder.
-pub async fn main(_args: crate::cli::DemoArgs) -> i32 { 1 }
+pub async fn main(_args: crate::cli::DemoArgs) -> i32 {
+    1
+}

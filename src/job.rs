@@ -63,7 +63,11 @@ pub fn due_at(row: &OutboxEventRow, retry_delay: Duration) -> Option<chrono::Nai
     row.updated_at.checked_add_signed(delay)
 }
 
-pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, cancel: CancellationToken) -> JobEnd {
+pub async fn run(
+    ctx: Arc<JobContext>,
+    mut row: OutboxEventRow,
+    cancel: CancellationToken,
+) -> JobEnd {
     let span = tracing::info_span!("event", id = row.id, event_name = %row.event_name);
     async move {
         loop {
@@ -154,7 +158,10 @@ where
         match op().await {
             Ok(outcome) => return Some(outcome),
             Err(e) => {
-                ctx.metrics.db_write_retries_total.with_label_values(&[to]).inc();
+                ctx.metrics
+                    .db_write_retries_total
+                    .with_label_values(&[to])
+                    .inc();
                 warn!(error = %e, retry_in = ?backoff, "status write failed; retrying (the request is not re-sent)");
                 tokio::select! {
                     _ = ctx.abort.cancelled() => return None,

@@ -79,10 +79,7 @@ impl Metrics {
             &["result"],
         ));
         let cdc_skips_total = must(IntCounterVec::new(
-            Opts::new(
-                "outbox_cdc_skips_total",
-                "Change events skipped, by reason",
-            ),
+            Opts::new("outbox_cdc_skips_total", "Change events skipped, by reason"),
             &["reason"],
         ));
         let inflight_events = must(IntGauge::new(

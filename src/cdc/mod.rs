@@ -239,7 +239,7 @@ impl Decoder {
             return skip(Skip::Tombstone);
         };
         let body = match parse(value, "value")? {
-            Document::Object(body) => body,
+            Document::Object(body) => *body,
             Document::Other(Scalar::Null) => return skip(Skip::Tombstone),
             Document::Other(other) => {
                 return Err(fault(
@@ -294,6 +294,13 @@ fn parse<'a>(bytes: &'a [u8], what: &'static str) -> Result<Document<'a>, Fault>
 /// Steps into a JsonConverter wrapper. `None` is a wrapped null (a tombstone).
 fn unwrap(body: Body<'_>) -> Option<Body<'_>> {
     match body.payload {
+        // Without `schema` beside it, an object next to other columns is more
+        // likely a flattened row whose `payload` column arrived as an object.
+        Some(Payload::Body(_)) if !body.schema && body.row.columns > 0 => {
+            let mut body = body;
+            body.row.columns += 1;
+            Some(body)
+        }
         Some(Payload::Body(inner)) => Some(*inner),
         Some(Payload::Null) if body.schema => None,
         Some(Payload::Null) => {
@@ -328,7 +335,7 @@ fn read_key(bytes: Option<&[u8]>) -> Result<Key, Fault> {
         return Ok(Key::default());
     };
     let body = match parse(bytes, "key")? {
-        Document::Object(body) => body,
+        Document::Object(body) => *body,
         Document::Other(Scalar::Null) => return Ok(Key::default()),
         // A key reduced to the bare id (e.g. by an ExtractField$Key transform).
         Document::Other(scalar) => {

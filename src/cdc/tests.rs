@@ -353,8 +353,7 @@ fn envelope_errors_name_the_field() {
         invalid_field(&decode(None, Some(&envelope("u", "[1]")))),
         "after"
     );
-    let op_number = ROW.replace("\"id\":42", "\"id\":42").to_owned();
-    let numeric_op = format!(r#"{{"after":{op_number},"op":1}}"#);
+    let numeric_op = format!(r#"{{"after":{ROW},"op":1}}"#);
     assert_eq!(invalid_field(&decode(None, Some(&numeric_op))), "op");
     let big = ROW.replace("\"id\":42", "\"id\":9223372036854775808");
     assert_eq!(
@@ -416,6 +415,14 @@ fn updated_at_placeholder_and_escaped_strings() {
 }
 
 #[test]
+fn payload_object_is_a_wrapper_only_when_alone_or_beside_schema() {
+    let unwrapped = format!(r#"{{"payload":{}}}"#, envelope("c", ROW));
+    assert_eq!(decode(None, Some(&unwrapped)).id(), Some(42));
+    let column = r#"{"id":5,"payload":{"event_type":"x"},"status":"pending","attempts":1}"#;
+    assert_eq!(decode(None, Some(column)).id(), Some(5));
+}
+
+#[test]
 fn heartbeat_is_recognised_by_key_or_by_a_bare_ts_ms() {
     assert_eq!(
         decode(Some(r#"{"serverName":"s"}"#), Some("{}")),
@@ -423,6 +430,10 @@ fn heartbeat_is_recognised_by_key_or_by_a_bare_ts_ms() {
     );
     assert_eq!(
         decode(None, Some(r#"{"ts_ms":1}"#)),
+        Decision::Skip(Skip::Heartbeat)
+    );
+    assert_eq!(
+        decode(None, Some(r#"{"ts_ms":1,"ts_us":1000,"ts_ns":1000000}"#)),
         Decision::Skip(Skip::Heartbeat)
     );
     assert_eq!(

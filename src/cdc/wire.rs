@@ -164,7 +164,7 @@ pub(crate) struct Body<'a> {
 /// A whole key or value document.
 #[derive(Debug)]
 pub(crate) enum Document<'a> {
-    Object(Body<'a>),
+    Object(Box<Body<'a>>),
     Other(Scalar<'a>),
 }
 
@@ -184,7 +184,7 @@ impl<'de> Visitor<'de> for DocumentVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        read_body(map, false).map(Document::Object)
+        read_body(map, false).map(|b| Document::Object(Box::new(b)))
     }
 
     forward_scalars!(|s| Document::Other(s));
@@ -200,6 +200,8 @@ enum Field {
     Source,
     TsMs,
     ServerName,
+    /// Envelope fields no decision needs, known so that they do not count as unknown.
+    Skipped,
     Id,
     Status,
     Attempts,
@@ -223,6 +225,7 @@ impl Field {
             "source" => Field::Source,
             "ts_ms" => Field::TsMs,
             "serverName" => Field::ServerName,
+            "ts_us" | "ts_ns" | "transaction" => Field::Skipped,
             "id" => Field::Id,
             "status" => Field::Status,
             "attempts" => Field::Attempts,
@@ -276,6 +279,9 @@ fn read_body<'de, A: MapAccess<'de>>(mut map: A, nested: bool) -> Result<Body<'d
             Field::ServerName => {
                 map.next_value::<IgnoredAny>()?;
                 body.server_name = true;
+            }
+            Field::Skipped => {
+                map.next_value::<IgnoredAny>()?;
             }
             Field::Unknown => {
                 map.next_value::<IgnoredAny>()?;

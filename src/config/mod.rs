@@ -158,7 +158,8 @@ pub struct DispatcherSettings {
     /// The full endpoint URL, e.g. `https://accounts/api/v1/events`.
     #[serde(default)]
     pub url: String,
-    #[serde(default)]
+    /// A list, or (from the environment) a comma-separated string.
+    #[serde(default, deserialize_with = "string_list")]
     pub events: Vec<String>,
     #[serde(default = "default_dispatch_timeout", with = "duration")]
     pub timeout: Duration,
@@ -299,17 +300,22 @@ impl Settings {
         env: BTreeMap<String, String>,
     ) -> Result<Self, ConfigError> {
         let text = match path {
-            Some(path) => Some(std::fs::read_to_string(path).map_err(|e| ConfigError::File {
-                path: path.to_owned(),
-                message: e.to_string(),
-            })?),
+            Some(path) => Some(
+                std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                    path: path.to_owned(),
+                    message: e.to_string(),
+                })?,
+            ),
             None => None,
         };
         Self::from_toml(text.as_deref(), env)
     }
 
     /// As [`Settings::load_from`], with the file's text given directly.
-    pub fn from_toml(toml: Option<&str>, env: BTreeMap<String, String>) -> Result<Self, ConfigError> {
+    pub fn from_toml(
+        toml: Option<&str>,
+        env: BTreeMap<String, String>,
+    ) -> Result<Self, ConfigError> {
         let mut builder = config::Config::builder();
         if let Some(text) = toml {
             builder = builder.add_source(config::File::from_str(text, config::FileFormat::Toml));
@@ -456,6 +462,24 @@ impl Settings {
     pub fn redacted_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot print settings: {e}\n"))
     }
+}
+
+fn string_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        List(Vec<String>),
+        Csv(String),
+    }
+    Ok(match Raw::deserialize(d)? {
+        Raw::List(v) => v,
+        Raw::Csv(s) => s
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    })
 }
 
 fn valid_identifier(name: &str) -> bool {

@@ -63,7 +63,13 @@ impl DatabaseUrl {
 
     pub fn validate(&self) -> Result<(), String> {
         let url = &self.0;
-        let known = ["postgres://", "postgresql://", "mysql://", "mariadb://", "sqlite:"];
+        let known = [
+            "postgres://",
+            "postgresql://",
+            "mysql://",
+            "mariadb://",
+            "sqlite:",
+        ];
         if known.iter().any(|p| url.starts_with(p)) {
             Ok(())
         } else {

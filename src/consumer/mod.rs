@@ -100,7 +100,10 @@ impl ConsumerContext for SidecarContext {
         if let Rebalance::Revoke(tpl) = rebalance {
             let parts = self.partitions(tpl);
             for p in &parts {
-                let _ = self.metrics.consumer_lag.remove_label_values(&[&p.to_string()]);
+                let _ = self
+                    .metrics
+                    .consumer_lag
+                    .remove_label_values(&[&p.to_string()]);
             }
             let _ = self.events.send(GroupEvent::Revoke(parts));
         }
@@ -323,10 +326,22 @@ impl Pipeline {
         };
         let (key, value) = p.raw.clone().unwrap_or((None, None));
         let headers = OwnedHeaders::new()
-            .insert(Header { key: "outbox.error", value: Some(reason) })
-            .insert(Header { key: "outbox.source.topic", value: Some(self.topic.as_str()) })
-            .insert(Header { key: "outbox.source.partition", value: Some(&p.partition.to_string()) })
-            .insert(Header { key: "outbox.source.offset", value: Some(&p.offset.to_string()) });
+            .insert(Header {
+                key: "outbox.error",
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: "outbox.source.topic",
+                value: Some(self.topic.as_str()),
+            })
+            .insert(Header {
+                key: "outbox.source.partition",
+                value: Some(&p.partition.to_string()),
+            })
+            .insert(Header {
+                key: "outbox.source.offset",
+                value: Some(&p.offset.to_string()),
+            });
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
         if let Some(k) = key.as_deref() {
             record = record.key(k);
@@ -352,7 +367,10 @@ impl Pipeline {
                 Ok(Some(done)) => st.release(&done),
                 Ok(None) => break,
                 Err(_) => {
-                    warn!(running = st.running.len(), "drain timeout: leaving the remaining messages uncommitted");
+                    warn!(
+                        running = st.running.len(),
+                        "drain timeout: leaving the remaining messages uncommitted"
+                    );
                     self.ctx.abort.cancel();
                     break;
                 }
@@ -379,8 +397,11 @@ struct Polled {
     partition: i32,
     offset: i64,
     decision: Decision,
-    raw: Option<(Option<Vec<u8>>, Option<Vec<u8>>)>,
+    raw: Option<RawRecord>,
 }
+
+/// Key and value bytes kept for the dead-letter topic.
+type RawRecord = (Option<Vec<u8>>, Option<Vec<u8>>);
 
 struct LoopState {
     partitions: HashMap<i32, PartitionState>,
@@ -419,7 +440,11 @@ impl LoopState {
                 for p in parts {
                     if let Some(state) = self.partitions.remove(&p) {
                         state.cancel.cancel();
-                        info!(partition = p, unfinished = state.offsets.unfinished(), "partition revoked");
+                        info!(
+                            partition = p,
+                            unfinished = state.offsets.unfinished(),
+                            "partition revoked"
+                        );
                     }
                     self.backlog.retain(|(_, pos)| pos.partition != p);
                     for list in self.deferred.values_mut() {
@@ -454,7 +479,12 @@ impl LoopState {
         }
     }
 
-    async fn decide_batch(&mut self, pl: &Pipeline, batch: Vec<Polled>, shutdown: &CancellationToken) {
+    async fn decide_batch(
+        &mut self,
+        pl: &Pipeline,
+        batch: Vec<Polled>,
+        shutdown: &CancellationToken,
+    ) {
         let m = &pl.ctx.metrics;
         let mut candidates = Vec::new();
         for polled in batch {
@@ -469,7 +499,12 @@ impl LoopState {
                 Decision::Trigger(t) => candidates.push((t.id, pos)),
                 Decision::Skip(skip) => {
                     m.cdc_skips_total.with_label_values(&[skip.reason()]).inc();
-                    debug!(partition = pos.partition, offset = pos.offset, reason = skip.reason(), "skipped");
+                    debug!(
+                        partition = pos.partition,
+                        offset = pos.offset,
+                        reason = skip.reason(),
+                        "skipped"
+                    );
                     self.finish(&pos);
                 }
                 Decision::Invalid(err) => {
@@ -485,11 +520,20 @@ impl LoopState {
     /// Starts jobs for triggers: deferred when the id's job runs, into the
     /// backlog when full, else read from the database and started when the
     /// row is pending there.
-    async fn admit(&mut self, pl: &Pipeline, candidates: Vec<(i64, Pos)>, shutdown: &CancellationToken) {
+    async fn admit(
+        &mut self,
+        pl: &Pipeline,
+        candidates: Vec<(i64, Pos)>,
+        shutdown: &CancellationToken,
+    ) {
         let mut to_read: Vec<(i64, Pos)> = Vec::new();
         for (id, pos) in candidates {
             if self.running.contains_key(&id) || to_read.iter().any(|(i, _)| *i == id) {
-                pl.ctx.metrics.cdc_skips_total.with_label_values(&["job_running"]).inc();
+                pl.ctx
+                    .metrics
+                    .cdc_skips_total
+                    .with_label_values(&["job_running"])
+                    .inc();
                 self.deferred.entry(id).or_default().push(pos);
             } else if self.running.len() + to_read.len() >= pl.max_in_flight {
                 self.backlog.push_back((id, pos));
@@ -513,12 +557,20 @@ impl LoopState {
             match rows.remove(&id) {
                 Some(row) if row.status == entity::Status::Pending => self.spawn(pl, row, pos),
                 Some(row) => {
-                    pl.ctx.metrics.cdc_skips_total.with_label_values(&["stale"]).inc();
+                    pl.ctx
+                        .metrics
+                        .cdc_skips_total
+                        .with_label_values(&["stale"])
+                        .inc();
                     debug!(id, status = %row.status, "stale trigger skipped");
                     self.finish(&pos);
                 }
                 None => {
-                    pl.ctx.metrics.cdc_skips_total.with_label_values(&["row_missing"]).inc();
+                    pl.ctx
+                        .metrics
+                        .cdc_skips_total
+                        .with_label_values(&["row_missing"])
+                        .inc();
                     self.finish(&pos);
                 }
             }
@@ -534,17 +586,29 @@ impl LoopState {
         self.next_serial += 1;
         let id = row.id;
         self.running.insert(id, Running { serial });
-        pl.ctx.metrics.inflight_events.set(self.running.len() as i64);
+        pl.ctx
+            .metrics
+            .inflight_events
+            .set(self.running.len() as i64);
         let ctx = pl.ctx.clone();
         let tx = self.done_tx.clone();
         tokio::spawn(async move {
             let end = job::run(ctx, row, cancel).await;
-            let _ = tx.send(JobDone { id, serial, pos, end });
+            let _ = tx.send(JobDone {
+                id,
+                serial,
+                pos,
+                end,
+            });
         });
     }
 
     fn release(&mut self, done: &JobDone) {
-        if self.running.get(&done.id).is_some_and(|r| r.serial == done.serial) {
+        if self
+            .running
+            .get(&done.id)
+            .is_some_and(|r| r.serial == done.serial)
+        {
             self.running.remove(&done.id);
         }
         if done.end.finishes_message() {
@@ -554,7 +618,10 @@ impl LoopState {
 
     async fn job_done(&mut self, pl: &Pipeline, done: JobDone, shutdown: &CancellationToken) {
         self.release(&done);
-        pl.ctx.metrics.inflight_events.set(self.running.len() as i64);
+        pl.ctx
+            .metrics
+            .inflight_events
+            .set(self.running.len() as i64);
         let mut again = Vec::new();
         if let Some(list) = self.deferred.remove(&done.id) {
             let current: Vec<Pos> = list.into_iter().filter(|p| self.current(p)).collect();

@@ -73,7 +73,11 @@ mod tests {
         p.finish(10);
         assert_eq!(p.committable(), Some(11));
         p.finish(11);
-        assert_eq!(p.committable(), Some(12), "next offset to consume, not the last done");
+        assert_eq!(
+            p.committable(),
+            Some(12),
+            "next offset to consume, not the last done"
+        );
     }
 
     #[test]

@@ -213,7 +213,11 @@ impl Registry {
 
     /// Sends through the registered dispatcher; an unregistered name is a
     /// failure like any other (R-004: it uses up the attempts too).
-    pub async fn dispatch(&self, row: &OutboxEventRow, attempt: i32) -> (Delivery, Option<(&str, Duration)>) {
+    pub async fn dispatch(
+        &self,
+        row: &OutboxEventRow,
+        attempt: i32,
+    ) -> (Delivery, Option<(&str, Duration)>) {
         match self.get(&row.event_name) {
             Some(d) => {
                 let started = Instant::now();

@@ -418,7 +418,9 @@ impl Store {
             .map_err(db_err("counting events"))?;
         let mut stats = TableStats::default();
         for row in rows {
-            let status: String = row.try_get("", "status").map_err(db_err("counting events"))?;
+            let status: String = row
+                .try_get("", "status")
+                .map_err(db_err("counting events"))?;
             let n: i64 = row.try_get("", "n").map_err(db_err("counting events"))?;
             match status.parse::<Status>() {
                 Ok(Status::Pending) => {

@@ -65,8 +65,16 @@ async fn migrate_twice_then_over_an_existing_rails_table() {
     assert_eq!(n, 2, "every row survives");
     let out = run(&db, &["events", "list"]);
     let listing = text(&out.stdout);
-    assert!(listing.starts_with("id  event_name                 status   attempts  last_error  updated_at\n"), "{listing}");
-    assert!(listing.contains("1   accounts.purchase_create   failed   3         HTTP 500"), "{listing}");
+    assert!(
+        listing.starts_with(
+            "id  event_name                 status   attempts  last_error  updated_at\n"
+        ),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("1   accounts.purchase_create   failed   3         HTTP 500"),
+        "{listing}"
+    );
     assert!(listing.ends_with("(2 rows)\n"), "{listing}");
     let out = run(&db, &["events", "list", "--status", "failed"]);
     assert!(text(&out.stdout).ends_with("(1 row)\n"));
@@ -76,27 +84,57 @@ async fn migrate_twice_then_over_an_existing_rails_table() {
 async fn events_retry_exit_codes_and_messages() {
     let db = TestDb::postgres().await;
     let store = db.store(1).await;
-    let failed_id = store.insert("accounts.purchase_create", &json!({})).await.unwrap();
+    let failed_id = store
+        .insert("accounts.purchase_create", &json!({}))
+        .await
+        .unwrap();
     let row = store.get(failed_id).await.unwrap().unwrap();
-    assert!(matches!(store.register_failure(&row, "HTTP 500").await.unwrap(), Outcome::Applied(_)));
-    let sent_id = store.insert("accounts.purchase_create", &json!({})).await.unwrap();
+    assert!(matches!(
+        store.register_failure(&row, "HTTP 500").await.unwrap(),
+        Outcome::Applied(_)
+    ));
+    let sent_id = store
+        .insert("accounts.purchase_create", &json!({}))
+        .await
+        .unwrap();
     let row = store.get(sent_id).await.unwrap().unwrap();
-    assert!(matches!(store.mark_sent(&row).await.unwrap(), Outcome::Applied(_)));
+    assert!(matches!(
+        store.mark_sent(&row).await.unwrap(),
+        Outcome::Applied(_)
+    ));
 
     let out = run(&db, &["events", "retry", &failed_id.to_string()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), format!("event {failed_id}: failed -> pending (attempts 0)\n"));
-    assert_eq!(store.get(failed_id).await.unwrap().unwrap().status, Status::Pending);
+    assert_eq!(
+        text(&out.stdout),
+        format!("event {failed_id}: failed -> pending (attempts 0)\n")
+    );
+    assert_eq!(
+        store.get(failed_id).await.unwrap().unwrap().status,
+        Status::Pending
+    );
 
     let out = run(&db, &["events", "retry", &sent_id.to_string()]);
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(text(&out.stderr), format!("error: event {sent_id} is sent: only failed events can be resent\n"));
+    assert_eq!(
+        text(&out.stderr),
+        format!("error: event {sent_id} is sent: only failed events can be resent\n")
+    );
 
     let out = run(&db, &["events", "retry", "987654"]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(text(&out.stderr), "error: event 987654 not found\n");
 
-    let out = run(&db, &["events", "retry", "--all-failed", "--event-name", "accounts.purchase_create"]);
+    let out = run(
+        &db,
+        &[
+            "events",
+            "retry",
+            "--all-failed",
+            "--event-name",
+            "accounts.purchase_create",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(text(&out.stdout), "resent 0 failed event(s)\n");
 
@@ -107,14 +145,20 @@ async fn events_retry_exit_codes_and_messages() {
 #[tokio::test]
 async fn unreachable_database_names_the_url_without_password() {
     let out = bin()
-        .env("OUTBOX__DATABASE__URL", "postgres://app:hunter2@127.0.0.1:1/nothing")
+        .env(
+            "OUTBOX__DATABASE__URL",
+            "postgres://app:hunter2@127.0.0.1:1/nothing",
+        )
         .env("OUTBOX__DATABASE__CONNECT_TIMEOUT", "2s")
         .args(["events", "list"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
-    assert!(err.contains("cannot connect to the database at postgres://app:***@127.0.0.1:1/nothing"), "{err}");
+    assert!(
+        err.contains("cannot connect to the database at postgres://app:***@127.0.0.1:1/nothing"),
+        "{err}"
+    );
     assert!(!err.contains("hunter2"), "{err}");
 }
 

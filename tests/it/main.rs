@@ -6,4 +6,5 @@ mod cli;
 mod db;
 mod harness;
 mod pipeline;
+mod operations;
 mod store;

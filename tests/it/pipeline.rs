@@ -23,10 +23,17 @@ async fn success_marks_sent_with_one_request() {
     assert_eq!(row.last_error, None);
     t.wait_all_committed(&t.group, T).await;
     let reqs = t.receiver.for_id(id);
-    assert_eq!(reqs.len(), 1, "echoes of the sidecar's own writes cause no request");
+    assert_eq!(
+        reqs.len(),
+        1,
+        "echoes of the sidecar's own writes cause no request"
+    );
     let r = &reqs[0];
     assert_eq!(r.path, "/api/v1/events");
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(&r.body).unwrap(), payload);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&r.body).unwrap(),
+        payload
+    );
     assert_eq!(r.headers["content-type"], "application/json");
     assert_eq!(r.headers["authorization"], "Bearer accounts-secret-token");
     assert_eq!(r.headers["idempotency-key"], id.to_string());
@@ -48,16 +55,29 @@ fn fail_first(n: usize) -> impl Fn(&crate::harness::receiver::Received) -> Respo
 fn assert_spacing(reqs: &[crate::harness::receiver::Received], delay: Duration) {
     for pair in reqs.windows(2) {
         let gap = (pair[1].at - pair[0].at).to_std().unwrap();
-        assert!(gap >= delay, "attempts {} and {} only {gap:?} apart", pair[0].attempt, pair[1].attempt);
+        assert!(
+            gap >= delay,
+            "attempts {} and {} only {gap:?} apart",
+            pair[0].attempt,
+            pair[1].attempt
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_failures_then_success_with_the_real_5s_delay() {
     let receiver = Receiver::start(fail_first(2)).await;
-    let opts = Options { retry_delay: "5s", ..Options::default() };
+    let opts = Options {
+        retry_delay: "5s",
+        ..Options::default()
+    };
     let t = spawn_app_with(opts, receiver).await;
-    let id = t.insert("accounts.installment_paid", json!({"event_type": "installment_paid"})).await;
+    let id = t
+        .insert(
+            "accounts.installment_paid",
+            json!({"event_type": "installment_paid"}),
+        )
+        .await;
     // After the first failure: pending, attempts 1, last_error set.
     let after_first = crate::harness::eventually("the first failure", T, || async {
         let row = t.store.get(id).await.ok()??;
@@ -65,24 +85,46 @@ async fn two_failures_then_success_with_the_real_5s_delay() {
     })
     .await;
     assert_eq!(after_first.status, Status::Pending);
-    assert_eq!(after_first.last_error.as_deref(), Some("HTTP 503: upstream unavailable"));
-    let row = t.wait_status(id, Status::Sent, Duration::from_secs(40)).await;
+    assert_eq!(
+        after_first.last_error.as_deref(),
+        Some("HTTP 503: upstream unavailable")
+    );
+    let row = t
+        .wait_status(id, Status::Sent, Duration::from_secs(40))
+        .await;
     assert_eq!(row.attempts, 2, "two failures counted, the success is not");
-    assert_eq!(row.last_error.as_deref(), Some("HTTP 503: upstream unavailable"));
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("HTTP 503: upstream unavailable")
+    );
     t.wait_all_committed(&t.group, T).await;
     let reqs = t.receiver.for_id(id);
-    assert_eq!(reqs.iter().map(|r| r.attempt).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(
+        reqs.iter().map(|r| r.attempt).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
     assert_spacing(&reqs, Duration::from_secs(5));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn third_failure_fails_and_no_fourth_request() {
-    let receiver = Receiver::start(|_| ResponseTemplate::new(422).set_body_string(r#"{"error":"company_not_found"}"#)).await;
+    let receiver = Receiver::start(|_| {
+        ResponseTemplate::new(422).set_body_string(r#"{"error":"company_not_found"}"#)
+    })
+    .await;
     let t = spawn_app_with(Options::default(), receiver).await;
-    let id = t.insert("accounts.purchase_create", json!({"event_type": "purchase_create"})).await;
+    let id = t
+        .insert(
+            "accounts.purchase_create",
+            json!({"event_type": "purchase_create"}),
+        )
+        .await;
     let row = t.wait_status(id, Status::Failed, T).await;
     assert_eq!(row.attempts, 3);
-    assert_eq!(row.last_error.as_deref(), Some(r#"HTTP 422: {"error":"company_not_found"}"#));
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some(r#"HTTP 422: {"error":"company_not_found"}"#)
+    );
     assert!(row.sent_at.is_none());
     t.wait_all_committed(&t.group, T).await;
     let reqs = t.receiver.for_id(id);
@@ -93,7 +135,12 @@ async fn third_failure_fails_and_no_fourth_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unregistered_event_name_fails_after_three_attempts() {
     let t = spawn_app(Options::default()).await;
-    let id = t.insert("billing.invoice_issued", json!({"event_type": "invoice_issued"})).await;
+    let id = t
+        .insert(
+            "billing.invoice_issued",
+            json!({"event_type": "invoice_issued"}),
+        )
+        .await;
     let row = t.wait_status(id, Status::Failed, T).await;
     assert_eq!(row.attempts, 3);
     assert_eq!(
@@ -117,16 +164,28 @@ async fn resend_starts_a_fresh_cycle() {
     })
     .await;
     let t = spawn_app_with(Options::default(), receiver).await;
-    let id = t.insert("accounts.installment_overdue", json!({"event_type": "installment_overdue"})).await;
+    let id = t
+        .insert(
+            "accounts.installment_overdue",
+            json!({"event_type": "installment_overdue"}),
+        )
+        .await;
     t.wait_status(id, Status::Failed, T).await;
     accept.store(true, std::sync::atomic::Ordering::SeqCst);
     let resent = t.store.retry(id).await.unwrap().expect("resend");
-    assert_eq!((resent.status, resent.attempts, resent.last_error.clone()), (Status::Pending, 0, None));
+    assert_eq!(
+        (resent.status, resent.attempts, resent.last_error.clone()),
+        (Status::Pending, 0, None)
+    );
     let row = t.wait_status(id, Status::Sent, T).await;
     assert_eq!(row.attempts, 0);
     t.wait_all_committed(&t.group, T).await;
     let attempts: Vec<i32> = t.receiver.for_id(id).iter().map(|r| r.attempt).collect();
-    assert_eq!(attempts, vec![1, 2, 3, 1], "the resend starts over at attempt 1");
+    assert_eq!(
+        attempts,
+        vec![1, 2, 3, 1],
+        "the resend starts over at attempt 1"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,7 +193,13 @@ async fn three_accounts_events_share_one_endpoint() {
     let t = spawn_app(Options::default()).await;
     let mut ids = Vec::new();
     for name in ACCOUNTS_EVENTS {
-        ids.push(t.insert(name, json!({"event_type": name.trim_start_matches("accounts.")})).await);
+        ids.push(
+            t.insert(
+                name,
+                json!({"event_type": name.trim_start_matches("accounts.")}),
+            )
+            .await,
+        );
     }
     for id in &ids {
         t.wait_status(*id, Status::Sent, T).await;
@@ -147,7 +212,10 @@ async fn three_accounts_events_share_one_endpoint() {
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].path, "/api/v1/events");
         assert_eq!(r[0].event_name, name);
-        assert_eq!(r[0].headers["authorization"], "Bearer accounts-secret-token");
+        assert_eq!(
+            r[0].headers["authorization"],
+            "Bearer accounts-secret-token"
+        );
     }
 }
 
@@ -157,7 +225,9 @@ async fn every_kind_of_failure_counts_the_same() {
     let receiver = Receiver::start(|r| {
         let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
         match body["mode"].as_str() {
-            Some("redirect") => ResponseTemplate::new(302).insert_header("location", "http://127.0.0.1:9/elsewhere"),
+            Some("redirect") => {
+                ResponseTemplate::new(302).insert_header("location", "http://127.0.0.1:9/elsewhere")
+            }
             Some("not_found") => ResponseTemplate::new(404),
             Some("unavailable") => ResponseTemplate::new(503).set_body_string("down"),
             Some("slow") => ResponseTemplate::new(200).set_delay(Duration::from_secs(3)),
@@ -193,7 +263,13 @@ async fn every_kind_of_failure_counts_the_same() {
         let last = row.last_error.unwrap();
         assert!(last.starts_with(error), "{mode}: {last}");
     }
-    assert!(t.receiver.requests().iter().all(|r| r.path == "/api/v1/events"), "the redirect is not followed");
+    assert!(
+        t.receiver
+            .requests()
+            .iter()
+            .all(|r| r.path == "/api/v1/events"),
+        "the redirect is not followed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,14 +292,21 @@ async fn replay_by_a_new_group_sends_nothing_twice() {
     let replay_group = crate::harness::unique("replay");
     let replay = t.start_in_group(&replay_group).await;
     t.wait_all_committed(&replay_group, T).await;
-    assert_eq!(t.receiver.requests().len(), 10, "nothing already sent is sent again");
+    assert_eq!(
+        t.receiver.requests().len(),
+        10,
+        "nothing already sent is sent again"
+    );
     replay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_during_retry_wait_resumes_at_updated_at_plus_delay() {
     let receiver = Receiver::start(fail_first(1)).await;
-    let opts = Options { retry_delay: "2s", ..Options::default() };
+    let opts = Options {
+        retry_delay: "2s",
+        ..Options::default()
+    };
     let mut t = spawn_app_with(opts, receiver).await;
     let id = t.insert("accounts.purchase_create", json!({})).await;
     let failed_once = crate::harness::eventually("the first failure", T, || async {
@@ -241,12 +324,17 @@ async fn restart_during_retry_wait_resumes_at_updated_at_plus_delay() {
     let reqs = t.receiver.for_id(id);
     assert_eq!(reqs.len(), 2);
     let earliest = failed_once.updated_at + chrono::Duration::seconds(2);
-    assert!(reqs[1].at >= earliest, "retried at {} before updated_at + retry_delay = {earliest}", reqs[1].at);
+    assert!(
+        reqs[1].at >= earliest,
+        "retried at {} before updated_at + retry_delay = {earliest}",
+        reqs[1].at
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_job_per_id_even_when_its_event_is_repeated() {
-    let receiver = Receiver::start(|_| crate::harness::receiver::slow(200, Duration::from_millis(700))).await;
+    let receiver =
+        Receiver::start(|_| crate::harness::receiver::slow(200, Duration::from_millis(700))).await;
     let t = spawn_app_with(Options::default(), receiver).await;
     let id = t.insert("accounts.purchase_create", json!({})).await;
     // The same change event three more times while the first POST is slow.
@@ -271,9 +359,15 @@ async fn committed_offsets_never_pass_an_unfinished_message() {
         }
     })
     .await;
-    let opts = Options { retry_delay: "2s", partitions: 1, ..Options::default() };
+    let opts = Options {
+        retry_delay: "2s",
+        partitions: 1,
+        ..Options::default()
+    };
     let t = spawn_app_with(opts, receiver).await;
-    let slow = t.insert("accounts.purchase_create", json!({"slow": true})).await;
+    let slow = t
+        .insert("accounts.purchase_create", json!({"slow": true}))
+        .await;
     let mut fast = Vec::new();
     for i in 0..5 {
         fast.push(t.insert("accounts.purchase_create", json!({"n": i})).await);
@@ -284,7 +378,10 @@ async fn committed_offsets_never_pass_an_unfinished_message() {
     // The slow event's insert is offset 0 and still in its retry wait.
     assert_eq!(t.row(slow).await.status, Status::Pending);
     let committed = t.kafka.committed(&t.group, &t.topic, 1)[0];
-    assert!(committed <= 0, "committed {committed} past the unfinished offset 0");
+    assert!(
+        committed <= 0,
+        "committed {committed} past the unfinished offset 0"
+    );
     t.wait_status(slow, Status::Sent, T).await;
     t.wait_all_committed(&t.group, T).await;
 }

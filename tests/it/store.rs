@@ -30,7 +30,12 @@ fn applied(o: Outcome) -> OutboxEventRow {
 async fn with_attempts(store: &Store, attempts: i32) -> OutboxEventRow {
     let mut row = pending(store).await;
     for i in 0..attempts {
-        row = applied(store.register_failure(&row, &format!("HTTP 503: try {i}")).await.unwrap());
+        row = applied(
+            store
+                .register_failure(&row, &format!("HTTP 503: try {i}"))
+                .await
+                .unwrap(),
+        );
     }
     row
 }
@@ -45,7 +50,10 @@ async fn success_from_any_attempts(backend: Backend) {
         assert_eq!(stored, sent, "the returned state is the stored state");
         assert_eq!(stored.status, Status::Sent);
         assert!(stored.sent_at.is_some(), "sent_at filled in");
-        assert_eq!(stored.attempts, attempts, "a success does not count an attempt");
+        assert_eq!(
+            stored.attempts, attempts,
+            "a success does not count an attempt"
+        );
         assert!(stored.updated_at >= row.updated_at);
     }
 }
@@ -55,12 +63,20 @@ async fn failure_below_max_stays_pending(backend: Backend) {
     let store = db.store(3).await;
     for before in 0..=1 {
         let row = with_attempts(&store, before).await;
-        let after = applied(store.register_failure(&row, "HTTP 422: company_not_found").await.unwrap());
+        let after = applied(
+            store
+                .register_failure(&row, "HTTP 422: company_not_found")
+                .await
+                .unwrap(),
+        );
         let stored = store.get(row.id).await.unwrap().unwrap();
         assert_eq!(stored, after);
         assert_eq!(stored.status, Status::Pending);
         assert_eq!(stored.attempts, before + 1);
-        assert_eq!(stored.last_error.as_deref(), Some("HTTP 422: company_not_found"));
+        assert_eq!(
+            stored.last_error.as_deref(),
+            Some("HTTP 422: company_not_found")
+        );
         assert!(stored.sent_at.is_none());
     }
 }
@@ -69,14 +85,23 @@ async fn third_failure_fails(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store(3).await;
     let row = with_attempts(&store, 2).await;
-    let after = applied(store.register_failure(&row, "timeout after 10s").await.unwrap());
+    let after = applied(
+        store
+            .register_failure(&row, "timeout after 10s")
+            .await
+            .unwrap(),
+    );
     assert_eq!(after.status, Status::Failed);
     assert_eq!(after.attempts, 3);
     let stored = store.get(row.id).await.unwrap().unwrap();
     assert_eq!(stored, after);
     // No step applies to a failed row: attempts never pass max_attempts.
-    assert!(matches!(store.register_failure(&stored, "again").await.unwrap(), Outcome::Conflict(r) if r.attempts == 3));
-    assert!(matches!(store.mark_sent(&stored).await.unwrap(), Outcome::Conflict(r) if r.status == Status::Failed));
+    assert!(
+        matches!(store.register_failure(&stored, "again").await.unwrap(), Outcome::Conflict(r) if r.attempts == 3)
+    );
+    assert!(
+        matches!(store.mark_sent(&stored).await.unwrap(), Outcome::Conflict(r) if r.status == Status::Failed)
+    );
 }
 
 async fn max_attempts_from_configuration(backend: Backend) {
@@ -92,7 +117,11 @@ async fn resend_of_failed(backend: Backend) {
     let store = db.store(3).await;
     let failed = with_attempts(&store, 3).await;
     assert_eq!(failed.status, Status::Failed);
-    let resent = store.retry(failed.id).await.unwrap().expect("resend applies");
+    let resent = store
+        .retry(failed.id)
+        .await
+        .unwrap()
+        .expect("resend applies");
     assert_eq!(resent.status, Status::Pending);
     assert_eq!(resent.attempts, 0);
     assert_eq!(resent.last_error, None);
@@ -107,14 +136,27 @@ async fn resend_of_pending_or_sent_refused(backend: Backend) {
     let p = with_attempts(&store, 1).await;
     assert_eq!(
         store.retry(p.id).await.unwrap(),
-        Err(RetryRefused::NotFailed { id: p.id, status: Status::Pending })
+        Err(RetryRefused::NotFailed {
+            id: p.id,
+            status: Status::Pending
+        })
     );
     let s = applied(store.mark_sent(&pending(&store).await).await.unwrap());
     let refused = store.retry(s.id).await.unwrap().unwrap_err();
-    assert_eq!(refused.to_string(), format!("event {} is sent: only failed events can be resent", s.id));
-    assert_eq!(store.get(s.id).await.unwrap().unwrap(), s, "refusal changes nothing");
+    assert_eq!(
+        refused.to_string(),
+        format!("event {} is sent: only failed events can be resent", s.id)
+    );
+    assert_eq!(
+        store.get(s.id).await.unwrap().unwrap(),
+        s,
+        "refusal changes nothing"
+    );
     assert_eq!(store.get(p.id).await.unwrap().unwrap(), p);
-    assert_eq!(store.retry(999_999).await.unwrap(), Err(RetryRefused::NotFound(999_999)));
+    assert_eq!(
+        store.retry(999_999).await.unwrap(),
+        Err(RetryRefused::NotFound(999_999))
+    );
 }
 
 async fn stale_step_is_a_conflict(backend: Backend) {
@@ -122,9 +164,15 @@ async fn stale_step_is_a_conflict(backend: Backend) {
     let store = db.store(3).await;
     let row = pending(&store).await;
     // Two writers computed their step from the same state; exactly one applies.
-    let (a, b) = tokio::join!(store.register_failure(&row, "writer a"), store.register_failure(&row, "writer b"));
+    let (a, b) = tokio::join!(
+        store.register_failure(&row, "writer a"),
+        store.register_failure(&row, "writer b")
+    );
     let outcomes = [a.unwrap(), b.unwrap()];
-    let applied_n = outcomes.iter().filter(|o| matches!(o, Outcome::Applied(_))).count();
+    let applied_n = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Applied(_)))
+        .count();
     assert_eq!(applied_n, 1, "{outcomes:?}");
     let stored = store.get(row.id).await.unwrap().unwrap();
     assert_eq!(stored.attempts, 1);
@@ -134,15 +182,24 @@ async fn stale_step_is_a_conflict(backend: Backend) {
         }
     }
     // A success computed from the stale state conflicts too and changes nothing.
-    assert!(matches!(store.mark_sent(&row).await.unwrap(), Outcome::Conflict(_)));
+    assert!(matches!(
+        store.mark_sent(&row).await.unwrap(),
+        Outcome::Conflict(_)
+    ));
     assert_eq!(store.get(row.id).await.unwrap().unwrap(), stored);
     let (s1, s2) = tokio::join!(store.mark_sent(&stored), store.mark_sent(&stored));
-    let sent_n = [s1.unwrap(), s2.unwrap()].iter().filter(|o| matches!(o, Outcome::Applied(_))).count();
+    let sent_n = [s1.unwrap(), s2.unwrap()]
+        .iter()
+        .filter(|o| matches!(o, Outcome::Applied(_)))
+        .count();
     assert_eq!(sent_n, 1);
     // A row that does not exist.
     let mut ghost = stored.clone();
     ghost.id = 424_242;
-    assert_eq!(store.mark_sent(&ghost).await.unwrap(), Outcome::NotFound(424_242));
+    assert_eq!(
+        store.mark_sent(&ghost).await.unwrap(),
+        Outcome::NotFound(424_242)
+    );
 }
 
 async fn last_error_is_short(backend: Backend) {
@@ -163,7 +220,10 @@ async fn list_and_bulk_resend(backend: Backend) {
     let store = db.store(1).await;
     let a = with_attempts(&store, 1).await;
     let b = with_attempts(&store, 1).await;
-    let id = store.insert("accounts.installment_paid", &json!({})).await.unwrap();
+    let id = store
+        .insert("accounts.installment_paid", &json!({}))
+        .await
+        .unwrap();
     let c = store.get(id).await.unwrap().unwrap();
     let c = applied(store.register_failure(&c, "x").await.unwrap());
     let _p = pending(&store).await;
@@ -172,14 +232,32 @@ async fn list_and_bulk_resend(backend: Backend) {
         event_name: name.map(str::to_owned),
         limit: None,
     };
-    let failed = store.list(&filter(Some(Status::Failed), None)).await.unwrap();
-    assert_eq!(failed.iter().map(|r| r.id).collect::<Vec<_>>(), vec![a.id, b.id, c.id]);
-    let paid = store.list(&filter(Some(Status::Failed), Some("accounts.installment_paid"))).await.unwrap();
+    let failed = store
+        .list(&filter(Some(Status::Failed), None))
+        .await
+        .unwrap();
+    assert_eq!(
+        failed.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![a.id, b.id, c.id]
+    );
+    let paid = store
+        .list(&filter(
+            Some(Status::Failed),
+            Some("accounts.installment_paid"),
+        ))
+        .await
+        .unwrap();
     assert_eq!(paid.len(), 1);
     let stats = store.stats().await.unwrap();
     assert_eq!((stats.pending, stats.sent, stats.failed), (1, 0, 3));
     assert!(stats.oldest_pending_created_at.is_some());
-    assert_eq!(store.retry_all_failed(Some("accounts.installment_paid")).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .retry_all_failed(Some("accounts.installment_paid"))
+            .await
+            .unwrap(),
+        1
+    );
     assert_eq!(store.retry_all_failed(None).await.unwrap(), 2);
     let stats = store.stats().await.unwrap();
     assert_eq!((stats.pending, stats.failed), (4, 0));

@@ -72,7 +72,9 @@ pub fn envelope(op: &str, before: &Value, after: &Value, table: &str) -> Value {
 
 impl ChangeFeed {
     pub async fn start(db_url: &str, brokers: &str, topic: &str) -> ChangeFeed {
-        let db = sea_orm::Database::connect(db_url).await.expect("feed: connect");
+        let db = sea_orm::Database::connect(db_url)
+            .await
+            .expect("feed: connect");
         db.execute_unprepared(&format!(
             r#"
 CREATE OR REPLACE FUNCTION outbox_cdc_notify() RETURNS trigger AS $$
@@ -119,7 +121,11 @@ CREATE TRIGGER outbox_cdc AFTER INSERT OR UPDATE OR DELETE ON outbox_events
                         Some("UPDATE") => "u",
                         _ => "d",
                     };
-                    let row = if op == "d" { &change["before"] } else { &change["after"] };
+                    let row = if op == "d" {
+                        &change["before"]
+                    } else {
+                        &change["after"]
+                    };
                     let id = row["id"].as_i64().unwrap_or_default();
                     let value = envelope(op, &change["before"], &change["after"], "outbox_events");
                     send(&producer, &topic, id, Some(&value)).await;

@@ -30,7 +30,10 @@ pub fn unique(prefix: &str) -> String {
 impl Kafka {
     pub fn start() -> Kafka {
         if let Ok(brokers) = std::env::var("OUTBOX_TEST_KAFKA_BROKERS") {
-            return Kafka { cluster: None, brokers };
+            return Kafka {
+                cluster: None,
+                brokers,
+            };
         }
         let cluster = MockCluster::new(1).expect("start librdkafka's mock cluster");
         let brokers = cluster.bootstrap_servers();

@@ -5,6 +5,7 @@
 
 pub mod feed;
 pub mod kafka;
+pub mod proxy;
 pub mod receiver;
 
 use std::collections::BTreeMap;
@@ -141,7 +142,9 @@ drain_timeout = "5s"
     }
 
     pub async fn start_in_group(&self, group: &str) -> App {
-        let app = App::start(self.settings(group)).await.expect("start the sidecar");
+        let app = App::start(self.settings(group))
+            .await
+            .expect("start the sidecar");
         let url = format!("http://{}/readyz", app.admin_addr());
         eventually("the sidecar to be ready", Duration::from_secs(30), || {
             let url = url.clone();
@@ -166,7 +169,10 @@ drain_timeout = "5s"
     }
 
     pub async fn insert(&self, event_name: &str, payload: Value) -> i64 {
-        self.store.insert(event_name, &payload).await.expect("insert")
+        self.store
+            .insert(event_name, &payload)
+            .await
+            .expect("insert")
     }
 
     pub async fn row(&self, id: i64) -> OutboxEventRow {
@@ -175,10 +181,14 @@ drain_timeout = "5s"
 
     /// Waits until the row reaches `status`.
     pub async fn wait_status(&self, id: i64, status: Status, limit: Duration) -> OutboxEventRow {
-        eventually(&format!("event {id} to be {status}"), limit, || async move {
-            let row = self.store.get(id).await.ok()??;
-            (row.status == status).then_some(row)
-        })
+        eventually(
+            &format!("event {id} to be {status}"),
+            limit,
+            || async move {
+                let row = self.store.get(id).await.ok()??;
+                (row.status == status).then_some(row)
+            },
+        )
         .await
     }
 
@@ -187,11 +197,10 @@ drain_timeout = "5s"
     pub async fn wait_all_committed(&self, group: &str, limit: Duration) {
         eventually("all offsets to be committed", limit, || async move {
             let end = self.kafka.end_offsets(&self.topic, self.opts.partitions);
-            let committed = self.kafka.committed(group, &self.topic, self.opts.partitions);
-            let done = end
-                .iter()
-                .zip(&committed)
-                .all(|(e, c)| *e == 0 || c == e);
+            let committed = self
+                .kafka
+                .committed(group, &self.topic, self.opts.partitions);
+            let done = end.iter().zip(&committed).all(|(e, c)| *e == 0 || c == e);
             done.then_some(())
         })
         .await

@@ -47,8 +47,14 @@ impl Respond for Recorder {
             at: outbox_sidecar::store::now(),
             path: req.url.path().to_owned(),
             id,
-            attempt: headers.get("outbox-attempt").and_then(|v| v.parse().ok()).unwrap_or(-1),
-            event_name: headers.get("outbox-event-name").cloned().unwrap_or_default(),
+            attempt: headers
+                .get("outbox-attempt")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1),
+            event_name: headers
+                .get("outbox-event-name")
+                .cloned()
+                .unwrap_or_default(),
             headers,
             body: req.body.clone(),
             nth,
@@ -77,14 +83,19 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    pub async fn start(script: impl Fn(&Received) -> ResponseTemplate + Send + Sync + 'static) -> Receiver {
+    pub async fn start(
+        script: impl Fn(&Received) -> ResponseTemplate + Send + Sync + 'static,
+    ) -> Receiver {
         let server = MockServer::start().await;
         let log = Arc::new(Mutex::new(Vec::new()));
         let recorder = Recorder {
             log: log.clone(),
             script: Arc::new(script),
         };
-        Mock::given(method("POST")).respond_with(recorder).mount(&server).await;
+        Mock::given(method("POST"))
+            .respond_with(recorder)
+            .mount(&server)
+            .await;
         Receiver { server, log }
     }
 

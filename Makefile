@@ -1,0 +1,39 @@
+# outbox-sidecar — every command the README names lives here.
+CARGO ?= cargo
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: help demo run migrate test test-faults lint fmt bench bench-decode build clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+build: ## Build the binary (debug)
+	$(CARGO) build --locked
+
+demo: ## Play R-004's decision table live, everything embedded
+	$(CARGO) run --locked --quiet -- demo
+
+run: ## Run the sidecar with config/example.toml (needs Kafka, a database and the receiver)
+	$(CARGO) run --locked -- run --config config/example.toml
+
+migrate: ## Create/upgrade the outbox table (OUTBOX__DATABASE__URL or config/example.toml)
+	$(CARGO) run --locked -- migrate --config config/example.toml
+
+lint: ## rustfmt check and clippy with warnings as errors
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+test: lint ## Lint, then every test (needs PostgreSQL and MariaDB; .ci/run starts them)
+	$(CARGO) test --locked --workspace --all-targets
+
+test-faults: ## The long fault runs (OUTBOX_FAULT_SCALE multiplies their counts)
+	OUTBOX_FAULT_SCALE=$${OUTBOX_FAULT_SCALE:-10} $(CARGO) test --locked --release --test it faults -- --include-ignored --test-threads=1 --nocapture
+
+bench: ## Benchmarks: the decoder (criterion)
+	$(CARGO) bench --locked -p outbox-sidecar --bench decode -- --warm-up-time 1 --measurement-time 3
+
+clean:
+	$(CARGO) clean

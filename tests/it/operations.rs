@@ -1,0 +1,325 @@
+//! What the operators rely on: metrics with exact values, health, the admin
+//! API and its authentication, shutdown on SIGTERM, configuration errors,
+//! and secrets kept out of every output (CONTRACT §6, §8, §9).
+
+use std::time::Duration;
+
+use entity::Status;
+use outbox_sidecar::app::App;
+use serde_json::{json, Value};
+use wiremock::ResponseTemplate;
+
+use crate::harness::{eventually, spawn_app, spawn_app_with, Options, Receiver};
+
+const T: Duration = Duration::from_secs(30);
+const TOKEN: &str = "test-admin-token";
+
+/// The value of one sample in the exposition text, e.g.
+/// `outbox_dispatch_total{event_name="x",outcome="success"}`.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok())?
+    })
+}
+
+async fn scrape(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap()
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::new()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_exact_counts_and_follow_a_resend() {
+    let receiver = Receiver::start(|r| {
+        let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        if body["reject"] == true && r.nth < 3 {
+            ResponseTemplate::new(500)
+        } else {
+            ResponseTemplate::new(200)
+        }
+    })
+    .await;
+    let t = spawn_app_with(Options::default(), receiver).await;
+    let base = t.admin_url("");
+    let ok1 = t.insert("accounts.purchase_create", json!({})).await;
+    let ok2 = t.insert("accounts.installment_paid", json!({})).await;
+    let bad = t.insert("accounts.purchase_create", json!({"reject": true})).await;
+    t.wait_status(ok1, Status::Sent, T).await;
+    t.wait_status(ok2, Status::Sent, T).await;
+    t.wait_status(bad, Status::Failed, T).await;
+    t.wait_all_committed(&t.group, T).await;
+    let m = eventually("the gauges to show the failed row", T, || async {
+        let m = scrape(&base).await;
+        (sample(&m, "outbox_events_failed") == Some(1.0) && sample(&m, "outbox_events_pending") == Some(0.0)).then_some(m)
+    })
+    .await;
+    let s = |series: &str| sample(&m, series).unwrap_or_else(|| panic!("no sample {series}\n{m}"));
+    assert_eq!(s(r#"outbox_dispatch_total{event_name="accounts.purchase_create",outcome="success"}"#), 1.0);
+    assert_eq!(s(r#"outbox_dispatch_total{event_name="accounts.purchase_create",outcome="failure"}"#), 3.0);
+    assert_eq!(s(r#"outbox_dispatch_total{event_name="accounts.installment_paid",outcome="success"}"#), 1.0);
+    assert_eq!(s(r#"outbox_transitions_total{event_name="accounts.purchase_create",to="sent"}"#), 1.0);
+    assert_eq!(s(r#"outbox_transitions_total{event_name="accounts.purchase_create",to="pending"}"#), 2.0);
+    assert_eq!(s(r#"outbox_transitions_total{event_name="accounts.purchase_create",to="failed"}"#), 1.0);
+    // 3 inserts + 2 echoes of the pending failures trigger; 3 final echoes skip.
+    assert_eq!(s(r#"outbox_cdc_messages_total{result="triggered"}"#), 5.0);
+    assert_eq!(s(r#"outbox_cdc_messages_total{result="skipped"}"#), 3.0);
+    assert_eq!(s(r#"outbox_cdc_messages_total{result="invalid"}"#), 0.0);
+    assert_eq!(s("outbox_inflight_events"), 0.0);
+    assert_eq!(s(r#"outbox_dispatch_duration_seconds_count{dispatcher="accounts"}"#), 5.0);
+    assert_eq!(s("outbox_oldest_pending_age_seconds"), 0.0);
+
+    // Resend through the admin API: the gauges follow, the pipeline sends it.
+    let r = client()
+        .post(format!("{base}/admin/events/{bad}/retry"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let m = scrape(&base).await;
+    assert_eq!(sample(&m, "outbox_events_failed"), Some(0.0), "gauges refreshed by the resend");
+    t.wait_status(bad, Status::Sent, T).await;
+    eventually("pending back to 0", T, || async {
+        let m = scrape(&base).await;
+        (sample(&m, "outbox_events_pending") == Some(0.0)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_auth_matrix_on_every_route() {
+    let t = spawn_app(Options::default()).await;
+    let id = t.insert("accounts.purchase_create", json!({})).await;
+    t.wait_status(id, Status::Sent, T).await;
+    let no_token = App::start({
+        let mut s = t.settings(&crate::harness::unique("notoken"));
+        s.admin.token = None;
+        s
+    })
+    .await
+    .unwrap();
+    let no_token_ready = format!("http://{}/readyz", no_token.admin_addr());
+    eventually("the second sidecar to be ready", T, || async {
+        (reqwest::get(&no_token_ready).await.ok()?.status() == 200).then_some(())
+    })
+    .await;
+    let routes = [
+        ("GET", "/admin/events".to_owned(), 200),
+        ("GET", format!("/admin/events/{id}"), 200),
+        ("POST", format!("/admin/events/{id}/retry"), 409),
+        ("POST", "/admin/events/retry?status=failed".to_owned(), 200),
+    ];
+    for (method, path, ok_status) in &routes {
+        let call = |base: String, auth: Option<&'static str>| {
+            let mut req = client().request(method.parse().unwrap(), format!("{base}{path}"));
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            async move { req.send().await.unwrap() }
+        };
+        let disabled = call(format!("http://{}", no_token.admin_addr()), Some("Bearer test-admin-token")).await;
+        assert_eq!(disabled.status(), 403, "{method} {path} with no token configured");
+        let body: Value = disabled.json().await.unwrap();
+        assert!(body["error"].as_str().unwrap().contains("set admin.token (OUTBOX__ADMIN__TOKEN)"));
+        let base = t.admin_url("");
+        assert_eq!(call(base.clone(), None).await.status(), 401, "{method} {path} missing");
+        assert_eq!(call(base.clone(), Some("Bearer wrong-token")).await.status(), 401, "{method} {path} wrong");
+        assert_eq!(call(base.clone(), Some("Basic dGVzdC1hZG1pbi10b2tlbg==")).await.status(), 401, "{method} {path} not bearer");
+        assert_eq!(call(base.clone(), Some("Bearer test-admin-token")).await.status(), *ok_status, "{method} {path} right");
+    }
+    // The open routes stay open on both.
+    for base in [t.admin_url(""), format!("http://{}", no_token.admin_addr())] {
+        for path in ["/metrics", "/livez", "/readyz"] {
+            assert_eq!(reqwest::get(format!("{base}{path}")).await.unwrap().status(), 200, "{path}");
+        }
+    }
+    no_token.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_list_filters_and_resends_are_dispatched() {
+    let reject = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flag = reject.clone();
+    let receiver = Receiver::start(move |_| {
+        if flag.load(std::sync::atomic::Ordering::SeqCst) { ResponseTemplate::new(503) } else { ResponseTemplate::new(200) }
+    })
+    .await;
+    let t = spawn_app_with(Options { max_attempts: 1, ..Options::default() }, receiver).await;
+    let a = t.insert("accounts.purchase_create", json!({})).await;
+    let b = t.insert("accounts.installment_paid", json!({})).await;
+    let c = t.insert("accounts.installment_paid", json!({})).await;
+    for id in [a, b, c] {
+        t.wait_status(id, Status::Failed, T).await;
+    }
+    let get = |path: String| async move {
+        let r = client().get(path).bearer_auth(TOKEN).send().await.unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    let (status, list) = get(t.admin_url("/admin/events?status=failed&event_name=accounts.installment_paid")).await;
+    assert_eq!(status, 200);
+    let ids: Vec<i64> = list.as_array().unwrap().iter().map(|e| e["id"].as_i64().unwrap()).collect();
+    assert_eq!(ids, vec![b, c]);
+    assert_eq!(list[0]["last_error"], "HTTP 503");
+    assert_eq!(list[0]["attempts"], 1);
+    assert_eq!(list[0]["status"], "failed");
+    let (_, limited) = get(t.admin_url("/admin/events?limit=1")).await;
+    assert_eq!(limited.as_array().unwrap().len(), 1);
+    let (status, bad) = get(t.admin_url("/admin/events?status=done")).await;
+    assert_eq!(status, 400);
+    assert!(bad["error"].as_str().unwrap().contains("unknown status \"done\""));
+    let (status, one) = get(t.admin_url(&format!("/admin/events/{a}"))).await;
+    assert_eq!(status, 200);
+    assert_eq!(one["payload"], json!({}));
+    let (status, missing) = get(t.admin_url("/admin/events/987654")).await;
+    assert_eq!((status, missing["error"].as_str().unwrap()), (404, "event 987654 not found"));
+
+    reject.store(false, std::sync::atomic::Ordering::SeqCst);
+    let post = |path: String| async move {
+        let r = client().post(path).bearer_auth(TOKEN).send().await.unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    let (status, body) = post(t.admin_url(&format!("/admin/events/{a}/retry"))).await;
+    assert_eq!(status, 200);
+    assert_eq!((body["status"].as_str(), body["attempts"].as_i64()), (Some("pending"), Some(0)));
+    let (status, body) = post(t.admin_url("/admin/events/retry?status=failed&event_name=accounts.installment_paid")).await;
+    assert_eq!((status, body["resent"].as_u64()), (200, Some(2)));
+    for id in [a, b, c] {
+        t.wait_status(id, Status::Sent, T).await;
+    }
+    let (status, conflict) = post(t.admin_url(&format!("/admin/events/{a}/retry"))).await;
+    assert_eq!(status, 409);
+    assert_eq!(conflict["status"], "sent");
+    assert_eq!(conflict["error"], format!("event {a} is sent: only failed events can be resent"));
+    let (status, _) = post(t.admin_url("/admin/events/987654/retry")).await;
+    assert_eq!(status, 404);
+    // Bodies over the limit are refused before any handler runs.
+    let big = client()
+        .post(t.admin_url(&format!("/admin/events/{a}/retry")))
+        .bearer_auth(TOKEN)
+        .body(vec![b'x'; 64 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), 413);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_database() {
+    let mut t = spawn_app(Options::default()).await;
+    t.stop().await;
+    // The sidecar reaches the database through a proxy the test can cut.
+    let proxy = crate::harness::proxy::Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let mut settings = t.settings(&t.group);
+    let url = t.db.url.replace("127.0.0.1:5432", &proxy.addr.to_string());
+    settings.database.url = Some(outbox_sidecar::config::DatabaseUrl::new(url));
+    settings.database.connect_timeout = Duration::from_secs(1);
+    let app = App::start(settings).await.unwrap();
+    let ready = format!("http://{}/readyz", app.admin_addr());
+    eventually("ready", T, || async { (reqwest::get(&ready).await.ok()?.status() == 200).then_some(()) }).await;
+    proxy.set_down(true);
+    let body: Value = eventually("503 while the database is down", T, || async {
+        let r = reqwest::get(&ready).await.ok()?;
+        (r.status() == 503).then_some(())?;
+        r.json().await.ok()
+    })
+    .await;
+    assert_eq!(body["ready"], false);
+    assert!(body["reason"].as_str().unwrap().starts_with("database"), "{body}");
+    // Work arriving during the outage waits, and is done when it returns.
+    let id = t.insert("accounts.purchase_create", json!({})).await;
+    proxy.set_down(false);
+    eventually("ready again", T, || async { (reqwest::get(&ready).await.ok()?.status() == 200).then_some(()) }).await;
+    t.wait_status(id, Status::Sent, T).await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_and_readiness_before_and_after_joining() {
+    let t = spawn_app(Options::default()).await;
+    let r = reqwest::get(t.admin_url("/livez")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r: Value = reqwest::get(t.admin_url("/readyz")).await.unwrap().json().await.unwrap();
+    assert_eq!(r["ready"], true);
+}
+
+#[test]
+fn bad_configurations_exit_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "[database]\nurl = \"sqlite::memory:\"\nurll = \"x\"\n",
+            "error: invalid configuration: unknown field `urll`, expected one of `url`, `table`, `max_connections`, `connect_timeout` for key `database`\n",
+        ),
+        (
+            "[database]\nurl = \"sqlite::memory:\"\n[dispatchers.accounts]\nevents = [\"accounts.purchase_create\"]\n",
+            "error: missing setting dispatchers.accounts.url: set it in the configuration file or as OUTBOX__DISPATCHERS__ACCOUNTS__URL\n",
+        ),
+        (
+            "[database]\nurl = \"sqlite::memory:\"\n[dispatch]\nretry_delay = \"5 parsecs\"\n",
+            "error: invalid configuration: \"5 parsecs\" is not a duration (expected e.g. \"5s\" or \"200ms\") for key `dispatch.retry_delay`\n",
+        ),
+        (
+            "[database]\nurl = \"sqlite::memory:\"\n[dispatch]\nmax_attempts = \"three\"\n",
+            "error: invalid configuration: invalid type: string \"three\", expected an integer for key `dispatch.max_attempts`\n",
+        ),
+        (
+            "[database]\nurl = \"sqlite::memory:\"\n[dispatch]\nmax_attempts = 0\n",
+            "error: invalid configuration: dispatch.max_attempts: must be at least 1, got 0\n",
+        ),
+        (
+            "[database]\nurl = \"redis://127.0.0.1\"\n",
+            "error: invalid configuration: database.url: \"redis://127.0.0.1\" is not a postgres://, mysql:// or sqlite: URL\n",
+        ),
+    ];
+    for (i, (toml, expected)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad{i}.toml"));
+        std::fs::write(&path, toml).unwrap();
+        let out = crate::cli::bin().arg("--config").arg(&path).arg("migrate").output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{toml}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), *expected);
+    }
+    // The environment overrides the file, and is checked the same way.
+    let out = crate::cli::bin()
+        .env("OUTBOX__DATABASE__URL", "sqlite::memory:")
+        .env("OUTBOX__DISPATCH__MAX_ATTEMPTS", "lots")
+        .arg("config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: invalid configuration: invalid type: string \"lots\", expected an integer for key `dispatch.max_attempts` in the environment\n"
+    );
+    let out = crate::cli::bin().env("OUTBOX__DATABASE__URL", "sqlite::memory:").arg("run").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: missing setting kafka.brokers: set it in the configuration file or as OUTBOX__KAFKA__BROKERS\n"
+    );
+}
+
+#[test]
+fn config_command_redacts_every_secret() {
+    let out = crate::cli::bin()
+        .env("OUTBOX__DATABASE__URL", "postgres://app:db-password-123@db:5432/app")
+        .env("OUTBOX__ADMIN__TOKEN", "admin-token-456")
+        .env("OUTBOX__DISPATCHERS__ACCOUNTS__URL", "http://accounts/api/v1/events")
+        .env("OUTBOX__DISPATCHERS__ACCOUNTS__EVENTS", "accounts.purchase_create")
+        .env("OUTBOX__DISPATCHERS__ACCOUNTS__HEADERS__AUTHORIZATION", "Bearer header-secret-789")
+        .env("OUTBOX__KAFKA__PROPERTIES__SASL_PASSWORD", "sasl-secret-000")
+        .arg("config")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    for secret in ["db-password-123", "admin-token-456", "header-secret-789", "sasl-secret-000"] {
+        assert!(!text.contains(secret), "{secret} printed:\n{text}");
+    }
+    assert!(text.contains("url = \"postgres://app:***@db:5432/app\""), "{text}");
+    assert!(text.contains("token = \"***\""), "{text}");
+    assert!(text.contains("authorization = \"***\""), "{text}");
+    assert!(text.contains("sasl_password = \"***\""), "{text}");
+}
