@@ -6,5 +6,6 @@ mod cli;
 mod db;
 mod harness;
 mod pipeline;
+mod process;
 mod operations;
 mod store;

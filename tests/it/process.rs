@@ -1,0 +1,172 @@
+//! The binary as Kubernetes runs it: a child process that gets SIGTERM in
+//! the middle of its work, logs as JSON, and never prints a secret.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use entity::Status;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use serde_json::{json, Value};
+
+use crate::harness::{eventually, receiver, spawn_app_with, Options, Receiver};
+
+const T: Duration = Duration::from_secs(30);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The ids of the insert events below `committed` in `partition`.
+fn inserts_below(brokers: &str, topic: &str, partition: i32, committed: i64) -> Vec<i64> {
+    if committed <= 0 {
+        return Vec::new();
+    }
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", crate::harness::unique("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Beginning).unwrap();
+    consumer.assign(&tpl).unwrap();
+    let mut ids = Vec::new();
+    let deadline = Instant::now() + T;
+    let mut next = 0;
+    while next < committed && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            next = m.offset() + 1;
+            let v: Value = serde_json::from_slice(m.payload().unwrap_or(b"null")).unwrap_or_default();
+            if v["op"] == "c" {
+                ids.push(v["after"]["id"].as_i64().unwrap());
+            }
+        }
+    }
+    assert!(next >= committed, "could not read up to {committed}");
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_run_drains_commits_and_a_restart_finishes() {
+    let receiver = Receiver::start(|_| receiver::slow(204, Duration::from_millis(400))).await;
+    let opts = Options { max_in_flight: 4, ..Options::default() };
+    let mut t = spawn_app_with(opts, receiver).await;
+    t.stop().await;
+
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sidecar.toml");
+    let db_url = t.db.url.replace("postgres@", "postgres:db-password-123@");
+    let toml = format!(
+        r#"
+[database]
+url = "{db_url}"
+[kafka]
+brokers = "{brokers}"
+topic = "{topic}"
+group_id = "{group}"
+[kafka.properties]
+"session.timeout.ms" = "6000"
+[dispatch]
+retry_delay = "300ms"
+max_in_flight = 4
+[dispatchers.accounts]
+url = "{url}"
+events = ["accounts.purchase_create"]
+timeout = "5s"
+[dispatchers.accounts.headers]
+Authorization = "Bearer header-secret-789"
+[admin]
+listen = "127.0.0.1:{port}"
+token = "admin-token-456"
+[shutdown]
+drain_timeout = "5s"
+[log]
+format = "json"
+level = "debug"
+"#,
+        brokers = t.kafka.brokers,
+        topic = t.topic,
+        group = t.group,
+        url = t.receiver.url(),
+    );
+    std::fs::write(&config, toml).unwrap();
+    let log_path = dir.path().join("stderr.log");
+    let mut child = crate::cli::bin()
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    eventually("the child to be ready", T, || async {
+        (reqwest::get(format!("{base}/readyz")).await.ok()?.status() == 200).then_some(())
+    })
+    .await;
+    // Admin calls with a wrong and a right token: neither may be logged.
+    let c = reqwest::Client::new();
+    let wrong = c.get(format!("{base}/admin/events")).bearer_auth("wrong-token-111").send().await.unwrap();
+    assert_eq!(wrong.status(), 401);
+    let right = c.get(format!("{base}/admin/events")).bearer_auth("admin-token-456").send().await.unwrap();
+    assert_eq!(right.status(), 200);
+
+    let mut ids = Vec::new();
+    for i in 0..24 {
+        ids.push(t.insert("accounts.purchase_create", json!({"n": i})).await);
+    }
+    eventually("some requests", T, || async { (t.receiver.requests().len() >= 3).then_some(()) }).await;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let stopped_at = Instant::now();
+    let exit = eventually("the child to exit", Duration::from_secs(15), || {
+        let r = child.try_wait().unwrap();
+        async move { r }
+    })
+    .await;
+    assert_eq!(exit.code(), Some(0), "exit code after SIGTERM");
+    assert!(stopped_at.elapsed() < Duration::from_secs(5 + 3), "took {:?}", stopped_at.elapsed());
+
+    // No committed offset passes unfinished work: every insert below the
+    // committed offset is sent.
+    let committed = t.kafka.committed(&t.group, &t.topic, t.opts.partitions);
+    let mut finished_before_restart = 0;
+    for (p, c) in committed.iter().enumerate() {
+        for id in inserts_below(&t.kafka.brokers, &t.topic, p as i32, *c) {
+            assert_eq!(t.row(id).await.status, Status::Sent, "event {id} committed in partition {p} but not sent");
+            finished_before_restart += 1;
+        }
+    }
+    let sent_before = t.receiver.requests().len();
+    assert!(sent_before < ids.len(), "the SIGTERM came before the end of the work");
+
+    // A restart finishes every row, each sent exactly once.
+    t.start().await;
+    for id in &ids {
+        t.wait_status(*id, Status::Sent, T).await;
+    }
+    t.wait_all_committed(&t.group, T).await;
+    for id in &ids {
+        assert_eq!(t.receiver.for_id(*id).len(), 1, "event {id}: a graceful stop sends nothing twice");
+    }
+    println!("sigterm: {} events, {sent_before} sent before the signal, {finished_before_restart} committed", ids.len());
+
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("shutdown requested"), "{log}");
+    for secret in ["db-password-123", "admin-token-456", "header-secret-789", "wrong-token-111"] {
+        assert!(!log.contains(secret), "{secret} appears in the logs");
+    }
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v.get("level").is_some() && v.get("timestamp").is_some(), "{line}");
+    }
+    assert!(
+        log.lines().any(|l| l.contains("\"id\":") && l.contains("\"event_name\":\"accounts.purchase_create\"")),
+        "a span per event carries id and event_name"
+    );
+}
