@@ -28,7 +28,7 @@
 //!   dot-separated segment of `source.table` / `__table` / `__source_table`
 //!   with the last segment of the configured name, case-sensitively.
 //! - An empty (zero-byte) value is malformed; only a null value is a tombstone.
-//! - Timestamps: see [`time`] for how the unit of an epoch number is chosen.
+//! - Timestamps: `time.rs` documents how the unit of an epoch number is chosen.
 
 mod time;
 mod wire;

@@ -102,7 +102,7 @@ impl Default for DatabaseSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSettings {
     #[serde(default)]
@@ -117,6 +117,30 @@ pub struct KafkaSettings {
     /// the sidecar's own settings except the offset-handling ones.
     #[serde(default, serialize_with = "secret::serialize_kafka_properties")]
     pub properties: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for KafkaSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                let shown = if secret::is_sensitive_kafka_property(k) {
+                    secret::REDACTED
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("KafkaSettings")
+            .field("brokers", &self.brokers)
+            .field("topic", &self.topic)
+            .field("group_id", &self.group_id)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("properties", &properties)
+            .finish()
+    }
 }
 
 impl Default for KafkaSettings {

@@ -1,1 +1,100 @@
+use std::collections::BTreeMap;
 
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+#[test]
+fn the_example_file_loads_and_is_complete_for_run() {
+    let text = include_str!("../../config/example.toml");
+    let s = Settings::from_toml(Some(text), BTreeMap::new()).expect("example.toml");
+    s.validate_for_run().expect("example.toml is enough for run");
+    assert_eq!(s.dispatch.max_attempts, 3);
+    assert_eq!(s.dispatch.retry_delay, Duration::from_secs(5));
+    assert_eq!(s.dispatchers["accounts"].events.len(), 3);
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    let s = Settings::from_toml(
+        Some("[database]\nurl = \"sqlite::memory:\"\n[dispatch]\nretry_delay = \"5s\"\n"),
+        env(&[
+            ("OUTBOX__DISPATCH__RETRY_DELAY", "200ms"),
+            ("OUTBOX__DISPATCH__MAX_IN_FLIGHT", "7"),
+            ("OUTBOX__KAFKA__GROUP_ID", "g2"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(s.dispatch.retry_delay, Duration::from_millis(200));
+    assert_eq!(s.dispatch.max_in_flight, 7);
+    assert_eq!(s.kafka.group_id, "g2");
+}
+
+#[test]
+fn defaults_are_the_requirement() {
+    let s = Settings::from_toml(Some("[database]\nurl = \"sqlite::memory:\"\n"), BTreeMap::new()).unwrap();
+    assert_eq!(s.dispatch.max_attempts, 3);
+    assert_eq!(s.dispatch.retry_delay, Duration::from_secs(5));
+    assert_eq!(s.admin.listen, "0.0.0.0:9464");
+    assert!(s.admin.token.is_none(), "no token by default: admin disabled");
+    assert_eq!(s.kafka.group_id, "outbox-sidecar");
+    assert_eq!(s.shutdown.drain_timeout, Duration::from_secs(20));
+}
+
+#[test]
+fn one_event_name_one_dispatcher() {
+    let toml = "[database]\nurl = \"sqlite::memory:\"\n\
+        [dispatchers.a]\nurl = \"http://a\"\nevents = [\"x\"]\n\
+        [dispatchers.b]\nurl = \"http://b\"\nevents = [\"x\"]\n";
+    let e = Settings::from_toml(Some(toml), BTreeMap::new()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: dispatchers.b.events: \"x\" is already served by dispatcher \"a\""
+    );
+}
+
+#[test]
+fn bad_dispatcher_url_and_listen_address() {
+    let e = Settings::from_toml(
+        Some("[database]\nurl = \"sqlite::memory:\"\n[dispatchers.a]\nurl = \"ftp://a\"\nevents = [\"x\"]\n"),
+        BTreeMap::new(),
+    )
+    .unwrap_err();
+    assert_eq!(e.to_string(), "invalid configuration: dispatchers.a.url: scheme \"ftp\" is not http or https");
+    let e = Settings::from_toml(
+        Some("[database]\nurl = \"sqlite::memory:\"\n[admin]\nlisten = \"everywhere\"\n"),
+        BTreeMap::new(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: admin.listen: \"everywhere\" is not an address like \"0.0.0.0:9464\""
+    );
+}
+
+#[test]
+fn secrets_are_redacted_in_debug_and_toml() {
+    let s = Settings::from_toml(
+        Some(
+            "[database]\nurl = \"postgres://u:pw-1@h/db\"\n[admin]\ntoken = \"tok-2\"\n\
+             [kafka.properties]\n\"sasl.password\" = \"sasl-3\"\n\"client.id\" = \"me\"\n\
+             [dispatchers.a]\nurl = \"http://a\"\nevents = [\"x\"]\n[dispatchers.a.headers]\nAuthorization = \"Bearer hdr-4\"\n",
+        ),
+        BTreeMap::new(),
+    )
+    .unwrap();
+    let shown = format!("{s:?}\n{}", s.redacted_toml());
+    for secret in ["pw-1", "tok-2", "sasl-3", "hdr-4"] {
+        assert!(!shown.contains(secret), "{secret} shown:\n{shown}");
+    }
+    assert!(shown.contains("\"client.id\" = \"me\""), "harmless properties stay visible");
+}
+
+#[test]
+fn durations_accept_humantime_and_seconds() {
+    assert_eq!(duration::parse("200ms"), Ok(Duration::from_millis(200)));
+    assert_eq!(duration::parse("1m 30s"), Ok(Duration::from_secs(90)));
+    assert!(duration::parse("5 parsecs").is_err());
+}
