@@ -49,18 +49,18 @@ pub(crate) fn from_text(text: &str) -> Result<NaiveDateTime, String> {
 fn parse_text(s: &[u8]) -> Option<NaiveDateTime> {
     let mut cur = Cursor { s, at: 0 };
     let year = cur.digits(4)?;
-    cur.expect(b'-')?;
+    cur.eat(b'-')?;
     let month = cur.digits(2)?;
-    cur.expect(b'-')?;
+    cur.eat(b'-')?;
     let day = cur.digits(2)?;
     match cur.next()? {
         b'T' | b't' | b' ' => {}
         _ => return None,
     }
     let hour = cur.digits(2)?;
-    cur.expect(b':')?;
+    cur.eat(b':')?;
     let minute = cur.digits(2)?;
-    cur.expect(b':')?;
+    cur.eat(b':')?;
     let second = cur.digits(2)?;
     let mut nanos = 0u32;
     if cur.peek() == Some(b'.') {
@@ -128,7 +128,7 @@ impl Cursor<'_> {
         Some(b)
     }
 
-    fn expect(&mut self, want: u8) -> Option<()> {
+    fn eat(&mut self, want: u8) -> Option<()> {
         (self.next()? == want).then_some(())
     }
 

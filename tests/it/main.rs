@@ -4,6 +4,7 @@
 
 mod cli;
 mod db;
+mod demo;
 mod harness;
 mod pipeline;
 mod process;
