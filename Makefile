@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: help demo run migrate test test-faults lint fmt bench bench-decode build clean
+.PHONY: help demo run migrate test test-faults lint fmt bench bench-decode bench-pipeline build clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -32,8 +32,13 @@ test: lint ## Lint, then every test (needs PostgreSQL and MariaDB; .ci/run start
 test-faults: ## The long fault runs (OUTBOX_FAULT_SCALE multiplies their counts)
 	OUTBOX_FAULT_SCALE=$${OUTBOX_FAULT_SCALE:-10} $(CARGO) test --locked --release --test it faults -- --include-ignored --test-threads=1 --nocapture
 
-bench: ## Benchmarks: the decoder (criterion)
+bench: bench-decode bench-pipeline ## All benchmarks (release builds)
+
+bench-decode: ## The decoder alone (criterion)
 	$(CARGO) bench --locked -p outbox-sidecar --bench decode -- --warm-up-time 1 --measurement-time 3
+
+bench-pipeline: ## The whole pipeline against the limits of its parts, measured in the same run
+	$(CARGO) bench --locked -p outbox-sidecar --bench pipeline -- $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,2 @@
+//! The whole-pipeline benchmark (placeholder: being written).
+fn main() {}
