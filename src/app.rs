@@ -64,6 +64,7 @@ impl App {
         let alive = Arc::new(AtomicBool::new(true));
         let ctx = Arc::new(JobContext {
             store: store.clone(),
+            sent_writer: crate::store::batch::SentWriter::spawn(store.clone()),
             registry,
             metrics: metrics.clone(),
             retry_delay: settings.dispatch.retry_delay,

@@ -20,11 +20,14 @@ use tracing::{info, warn, Instrument};
 
 use crate::dispatch::{Delivery, Registry};
 use crate::metrics::Metrics;
+use crate::store::batch::SentWriter;
 use crate::store::{Outcome, Store, StoreError};
 
 /// What a job needs, shared by all jobs.
 pub struct JobContext {
     pub store: Store,
+    /// `mark_sent`, batched across jobs.
+    pub sent_writer: SentWriter,
     pub registry: Registry,
     pub metrics: Metrics,
     pub retry_delay: Duration,
@@ -93,7 +96,7 @@ pub async fn run(
             match delivery {
                 Delivery::Delivered { status } => {
                     ctx.metrics.dispatch_total.with_label_values(&[&label, "success"]).inc();
-                    let written = write(&ctx, "sent", || ctx.store.mark_sent(&row)).await;
+                    let written = write(&ctx, "sent", || ctx.sent_writer.mark_sent(&row)).await;
                     return match written {
                         Some(Outcome::Applied(_)) => {
                             ctx.metrics.transitions_total.with_label_values(&[&label, "sent"]).inc();

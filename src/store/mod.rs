@@ -6,6 +6,7 @@
 //! so of two writers racing on one row exactly one applies; the other gets
 //! [`Outcome::Conflict`] with the state it found instead of a silent no-op.
 
+pub mod batch;
 #[cfg(test)]
 mod tests;
 

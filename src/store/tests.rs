@@ -1,1 +1,27 @@
+use super::*;
 
+#[test]
+fn last_error_is_cut_on_a_character_boundary() {
+    assert_eq!(truncate_error("HTTP 503"), "HTTP 503");
+    let long = "€".repeat(600); // 1800 bytes of 3-byte characters
+    let cut = truncate_error(&long);
+    assert!(cut.len() <= MAX_LAST_ERROR_BYTES);
+    assert!(cut.ends_with('…'));
+    assert!(cut.trim_end_matches('…').chars().all(|c| c == '€'));
+    let exact = "a".repeat(MAX_LAST_ERROR_BYTES);
+    assert_eq!(truncate_error(&exact), exact, "exactly at the limit is kept whole");
+}
+
+#[test]
+fn decision_table_status_after_a_failure() {
+    // attempts after the failure → status (max 3)
+    assert_eq!(next_status_after_failure(1, 3), Status::Pending);
+    assert_eq!(next_status_after_failure(2, 3), Status::Pending);
+    assert_eq!(next_status_after_failure(3, 3), Status::Failed);
+    assert_eq!(next_status_after_failure(1, 1), Status::Failed);
+}
+
+#[test]
+fn now_has_microsecond_precision() {
+    assert_eq!(now().nanosecond() % 1000, 0);
+}

@@ -292,3 +292,68 @@ on_every_backend!(
     list_and_bulk_resend,
     migration_is_idempotent_and_keeps_rows,
 );
+
+mod batched {
+    //! `mark_sent` batched across jobs gives each row what the single-row
+    //! write would.
+    use super::*;
+    use outbox_sidecar::store::batch::{mark_sent_many, SentWriter};
+
+    async fn applies_and_reports_conflicts(backend: Backend) {
+        let db = TestDb::new(backend).await;
+        let store = db.store(3).await;
+        let fresh = pending(&store).await;
+        let retried = with_attempts(&store, 1).await;
+        let stale = pending(&store).await;
+        let moved_on = applied(store.register_failure(&stale, "HTTP 500").await.unwrap());
+        let mut ghost = fresh.clone();
+        ghost.id = 777_777;
+        let outcomes = mark_sent_many(&store, &[fresh.clone(), retried.clone(), stale.clone(), ghost]).await.unwrap();
+        for row in [&fresh, &retried] {
+            let stored = store.get(row.id).await.unwrap().unwrap();
+            assert_eq!(stored.status, Status::Sent);
+            assert_eq!(outcomes[&row.id], Outcome::Applied(stored));
+        }
+        assert_eq!(outcomes[&stale.id], Outcome::Conflict(moved_on.clone()), "computed from a stale state");
+        assert_eq!(store.get(stale.id).await.unwrap().unwrap(), moved_on, "and changed nothing");
+        assert_eq!(outcomes[&777_777], Outcome::NotFound(777_777));
+    }
+
+    async fn writer_batches_concurrent_jobs(backend: Backend) {
+        let db = TestDb::new(backend).await;
+        let store = db.store(3).await;
+        let writer = SentWriter::spawn(store.clone());
+        let mut rows = Vec::new();
+        for _ in 0..40 {
+            rows.push(pending(&store).await);
+        }
+        let results = futures::future::join_all(rows.iter().map(|r| writer.mark_sent(r))).await;
+        for (row, result) in rows.iter().zip(results) {
+            assert!(matches!(result.unwrap(), Outcome::Applied(r) if r.id == row.id && r.status == Status::Sent));
+        }
+        let stats = store.stats().await.unwrap();
+        assert_eq!((stats.sent, stats.pending), (40, 0));
+        // The same rows again: every one is now a conflict.
+        let again = writer.mark_sent(&rows[0]).await.unwrap();
+        assert!(matches!(again, Outcome::Conflict(r) if r.status == Status::Sent));
+    }
+
+    mod postgres {
+        #[tokio::test]
+        async fn applies_and_reports_conflicts() { super::applies_and_reports_conflicts(super::Backend::Postgres).await }
+        #[tokio::test]
+        async fn writer_batches_concurrent_jobs() { super::writer_batches_concurrent_jobs(super::Backend::Postgres).await }
+    }
+    mod mariadb {
+        #[tokio::test]
+        async fn applies_and_reports_conflicts() { super::applies_and_reports_conflicts(super::Backend::MySql).await }
+        #[tokio::test]
+        async fn writer_batches_concurrent_jobs() { super::writer_batches_concurrent_jobs(super::Backend::MySql).await }
+    }
+    mod sqlite {
+        #[tokio::test]
+        async fn applies_and_reports_conflicts() { super::applies_and_reports_conflicts(super::Backend::Sqlite).await }
+        #[tokio::test]
+        async fn writer_batches_concurrent_jobs() { super::writer_batches_concurrent_jobs(super::Backend::Sqlite).await }
+    }
+}
