@@ -71,7 +71,13 @@ pub async fn run(
     mut row: OutboxEventRow,
     cancel: CancellationToken,
 ) -> JobEnd {
-    let span = tracing::info_span!("event", id = row.id, event_name = %row.event_name);
+    let span = tracing::info_span!(
+        "event",
+        id = row.id,
+        event_name = %row.event_name,
+        attempt = tracing::field::Empty
+    );
+    let event_span = span.clone();
     async move {
         loop {
             if let Some(due) = due_at(&row, ctx.retry_delay) {
@@ -85,6 +91,7 @@ pub async fn run(
                 return JobEnd::Cancelled;
             }
             let attempt = row.attempts + 1;
+            event_span.record("attempt", attempt);
             let label = ctx.registry.label(&row.event_name).to_owned();
             let (delivery, timing) = ctx.registry.dispatch(&row, attempt).await;
             if let Some((dispatcher, elapsed)) = timing {

@@ -1,3 +1,4 @@
+#![forbid(unsafe_code)]
 //! The `outbox-sidecar` binary: parse the command line, load the
 //! configuration, run the command, turn its result into an exit code.
 
@@ -19,9 +20,10 @@ fn main() {
 }
 
 async fn dispatch(cli: Cli) -> i32 {
-    if let Command::Demo(args) = cli.command {
-        return outbox_sidecar::demo::main(args).await;
-    }
+    let command = match cli.command {
+        Command::Demo(args) => return outbox_sidecar::demo::main(args).await,
+        other => other,
+    };
     let settings = match Settings::load(cli.config.as_deref()) {
         Ok(s) => s,
         Err(e) => {
@@ -30,20 +32,19 @@ async fn dispatch(cli: Cli) -> i32 {
         }
     };
     outbox_sidecar::telemetry::init_logging(&settings.log);
-    match cli.command {
+    match command {
         Command::Migrate => cli::migrate(&settings).await,
         Command::Events(cmd) => cli::events(&settings, cmd).await,
         Command::Config => {
             print!("{}", settings.redacted_toml());
             cli::EXIT_OK
         }
-        Command::Run => {
+        Command::Run | Command::Demo(_) => {
             if let Err(e) = settings.validate_for_run() {
                 eprintln!("error: {e}");
                 return EXIT_USAGE;
             }
             outbox_sidecar::app::run_until_stopped(settings).await
         }
-        Command::Demo(_) => unreachable!("handled above"),
     }
 }
