@@ -433,8 +433,12 @@ impl LoopState {
                     info!(partition = p, "partition assigned");
                 }
                 pl.health.joined.store(true, Ordering::Relaxed);
-                // A new assignment starts unpaused; re-apply if still full.
-                self.paused = false;
+                // Start the whole assignment unpaused (an incremental assign
+                // keeps partitions paused earlier); flow control re-pauses
+                // them right after if the limit is still reached.
+                if self.paused {
+                    self.set_paused(pl, false);
+                }
             }
             GroupEvent::Revoke(parts) => {
                 for p in parts {
@@ -664,22 +668,25 @@ impl LoopState {
     /// so librdkafka stops fetching instead of the sidecar buffering.
     fn flow_control(&mut self, pl: &Pipeline) {
         let full = self.running.len() >= pl.max_in_flight || !self.backlog.is_empty();
-        if full == self.paused {
-            return;
+        if full != self.paused {
+            self.set_paused(pl, full);
         }
+    }
+
+    fn set_paused(&mut self, pl: &Pipeline, pause: bool) {
         let mut tpl = TopicPartitionList::new();
         for p in self.partitions.keys() {
             tpl.add_partition(&pl.topic, *p);
         }
-        let result = if full {
+        let result = if pause {
             pl.consumer.pause(&tpl)
         } else {
             pl.consumer.resume(&tpl)
         };
         match result {
             Ok(()) => {
-                self.paused = full;
-                debug!(paused = full, running = self.running.len(), "flow control");
+                self.paused = pause;
+                debug!(paused = pause, running = self.running.len(), "flow control");
             }
             Err(e) => warn!(error = %e, "pause/resume failed"),
         }
