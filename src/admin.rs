@@ -113,7 +113,9 @@ async fn livez(State(state): State<AdminState>) -> Response {
 
 async fn readyz(State(state): State<AdminState>) -> Response {
     let mut reasons = Vec::new();
-    if !state.health.joined.load(Ordering::Relaxed) {
+    if state.health.draining.load(Ordering::Relaxed) {
+        reasons.push("shutting down".to_owned());
+    } else if !state.health.joined.load(Ordering::Relaxed) {
         reasons.push("the Kafka consumer has not joined its group yet".to_owned());
     }
     match tokio::time::timeout(Duration::from_secs(2), state.store.ping()).await {

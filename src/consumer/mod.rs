@@ -57,6 +57,8 @@ pub struct ConsumerHealth {
     /// The group was joined at least once and the member holds its
     /// assignment (possibly empty: a member with no partition is healthy).
     pub joined: AtomicBool,
+    /// Set when shutdown begins: no longer ready, still alive.
+    pub draining: AtomicBool,
 }
 
 enum GroupEvent {
@@ -355,6 +357,7 @@ impl Pipeline {
     }
 
     async fn drain(self, mut st: LoopState, mut done_rx: mpsc::UnboundedReceiver<JobDone>) {
+        self.health.draining.store(true, Ordering::Relaxed);
         info!(running = st.running.len(), "draining");
         for p in st.partitions.values() {
             p.cancel.cancel();

@@ -32,3 +32,25 @@ fn demo_plays_the_decision_table_and_exits_0() {
     assert!(stdout.contains("every row ended as R-004's decision table says"));
     assert!(stdout.contains(r#"outbox_events_failed 0 → 1"#), "{stdout}");
 }
+
+#[tokio::test]
+async fn demo_runs_on_postgresql_too() {
+    let db = crate::db::TestDb::postgres().await;
+    let out = crate::cli::bin()
+        .args(["demo", "--retry-delay", "200ms", "--database-url", &db.url])
+        .output()
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("database: postgres://"), "{stdout}");
+    // A second run finds rows and refuses rather than mixing its story with them.
+    let again = crate::cli::bin()
+        .args(["demo", "--retry-delay", "200ms", "--database-url", &db.url])
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&again.stderr),
+        "demo: the demo needs an empty outbox_events table in --database-url\n"
+    );
+}

@@ -170,3 +170,59 @@ level = "debug"
         "a span per event carries id and event_name"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once() {
+    let receiver = Receiver::start(|_| receiver::slow(204, Duration::from_secs(8))).await;
+    let mut t = spawn_app_with(Options::default(), receiver).await;
+    t.stop().await;
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sidecar.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"{db}\"\n[kafka]\nbrokers = \"{brokers}\"\ntopic = \"{topic}\"\ngroup_id = \"{group}\"\n\
+             [dispatchers.accounts]\nurl = \"{url}\"\nevents = [\"accounts.purchase_create\"]\ntimeout = \"20s\"\n\
+             [admin]\nlisten = \"127.0.0.1:{port}\"\n[shutdown]\ndrain_timeout = \"15s\"\n",
+            db = t.db.url,
+            brokers = t.kafka.brokers,
+            topic = t.topic,
+            group = t.group,
+            url = t.receiver.url(),
+        ),
+    )
+    .unwrap();
+    let mut child = crate::cli::bin()
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    eventually("the child to be ready", T, || async {
+        (reqwest::get(format!("{base}/readyz")).await.ok()?.status() == 200).then_some(())
+    })
+    .await;
+    t.insert("accounts.purchase_create", json!({})).await;
+    eventually("the slow request to start", T, || async { (!t.receiver.requests().is_empty()).then_some(()) }).await;
+    let pid = child.id().to_string();
+    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    // The first signal drains (the request has 8 s to go); the second ends it.
+    eventually("the drain to start", T, || async {
+        let r = reqwest::get(format!("{base}/readyz")).await.ok()?;
+        let body: Value = r.json().await.ok()?;
+        (body["reason"] == "shutting down").then_some(())
+    })
+    .await;
+    let signalled = Instant::now();
+    std::process::Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    let exit = eventually("the child to exit", Duration::from_secs(5), || {
+        let r = child.try_wait().unwrap();
+        async move { r }
+    })
+    .await;
+    assert_eq!(exit.code(), Some(130));
+    assert!(signalled.elapsed() < Duration::from_secs(3), "took {:?}", signalled.elapsed());
+}
