@@ -5,6 +5,7 @@
 mod cli;
 mod db;
 mod demo;
+mod deploy;
 mod harness;
 mod pipeline;
 mod process;

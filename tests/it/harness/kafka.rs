@@ -1,6 +1,8 @@
-//! The Kafka side of the tests: librdkafka's mock cluster (real Kafka
-//! protocol over TCP) or the broker named by `OUTBOX_TEST_KAFKA_BROKERS`,
-//! and a reader of a group's committed offsets.
+//! The Kafka side of the tests: the broker named by
+//! `OUTBOX_TEST_KAFKA_BROKERS`, else a shared testcontainers broker when a
+//! Docker engine answers, else librdkafka's mock cluster (real Kafka protocol
+//! over TCP) — the order of `crate::db::source` — and a reader of a group's
+//! committed offsets.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -11,6 +13,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::db::{self, Source};
 
 pub struct Kafka {
     pub cluster: Option<MockCluster<'static, DefaultProducerContext>>,
@@ -29,11 +33,16 @@ pub fn unique(prefix: &str) -> String {
 
 impl Kafka {
     pub fn start() -> Kafka {
-        if let Ok(brokers) = std::env::var("OUTBOX_TEST_KAFKA_BROKERS") {
-            return Kafka {
-                cluster: None,
-                brokers,
-            };
+        let external = |brokers: String| Kafka {
+            cluster: None,
+            brokers,
+        };
+        match db::source(db::KAFKA_BROKERS_ENV) {
+            Source::Env => {
+                return external(std::env::var(db::KAFKA_BROKERS_ENV).unwrap_or_default())
+            }
+            Source::Container => return external(db::kafka_container().to_owned()),
+            Source::Local => {}
         }
         let cluster = MockCluster::new(1).expect("start librdkafka's mock cluster");
         let brokers = cluster.bootstrap_servers();
