@@ -15,7 +15,9 @@ use std::time::Duration;
 use chrono::{NaiveDateTime, Timelike};
 use entity::outbox_event::Column;
 use entity::{OutboxEventRow, Status};
-use sea_orm::sea_query::{Alias, Expr, ExprTrait, Func, Order, Query, SelectStatement};
+use sea_orm::sea_query::{
+    Alias, Expr, ExprTrait, Func, Order, Query, SelectStatement, UpdateStatement,
+};
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr,
     FromQueryResult, QueryResult,
@@ -289,28 +291,16 @@ impl Store {
     /// R-004 `mark_sent!`: `pending` → `sent`, from exactly the state `seen`.
     pub async fn mark_sent(&self, seen: &OutboxEventRow) -> Result<Outcome, StoreError> {
         let now = now();
-        let stmt = Query::update()
-            .table(self.tbl())
-            .value(Column::Status, Status::Sent.as_str())
-            .value(Column::SentAt, now)
-            .value(Column::UpdatedAt, now)
-            .and_where(Expr::col(Column::Id).eq(seen.id))
-            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
-            .and_where(Expr::col(Column::Attempts).eq(seen.attempts))
-            .to_owned();
-        let res = self
-            .db
-            .execute(&stmt)
-            .await
-            .map_err(db_err("marking an event sent"))?;
-        if res.rows_affected() == 1 {
-            let mut row = seen.clone();
-            row.status = Status::Sent;
-            row.sent_at = Some(now);
-            row.updated_at = now;
-            return Ok(Outcome::Applied(row));
-        }
-        self.conflict(seen.id).await
+        let mut next = seen.clone();
+        next.status = Status::Sent;
+        next.sent_at = Some(now);
+        next.updated_at = now;
+        let values = [
+            (Column::Status, Status::Sent.as_str().into()),
+            (Column::SentAt, now.into()),
+            (Column::UpdatedAt, now.into()),
+        ];
+        self.step(seen, next, values, "marking an event sent").await
     }
 
     /// R-004 `register_failure!`: one more attempt; `failed` once the
@@ -321,46 +311,60 @@ impl Store {
         error: &str,
     ) -> Result<Outcome, StoreError> {
         let now = now();
-        let attempts = seen.attempts + 1;
-        let status = next_status_after_failure(attempts, self.max_attempts);
-        let last_error = truncate_error(error);
-        let stmt = Query::update()
-            .table(self.tbl())
-            .value(Column::Status, status.as_str())
-            .value(Column::Attempts, attempts)
-            .value(Column::LastError, last_error.as_str())
-            .value(Column::UpdatedAt, now)
+        let mut next = seen.clone();
+        next.attempts = seen.attempts + 1;
+        next.status = next_status_after_failure(next.attempts, self.max_attempts);
+        next.last_error = Some(truncate_error(error));
+        next.updated_at = now;
+        let values = [
+            (Column::Status, next.status.as_str().into()),
+            (Column::Attempts, next.attempts.into()),
+            (Column::LastError, next.last_error.clone().into()),
+            (Column::UpdatedAt, now.into()),
+        ];
+        self.step(seen, next, values, "registering a failure").await
+    }
+
+    /// One transition of a pending row: `values` are written only while the
+    /// row is still `seen` (pending, same attempts); `next` is the row after.
+    async fn step(
+        &self,
+        seen: &OutboxEventRow,
+        next: OutboxEventRow,
+        values: impl IntoIterator<Item = (Column, sea_orm::Value)>,
+        action: &'static str,
+    ) -> Result<Outcome, StoreError> {
+        let mut stmt = Query::update();
+        stmt.table(self.tbl())
+            .values(values.into_iter().map(|(c, v)| (c, Expr::val(v))))
             .and_where(Expr::col(Column::Id).eq(seen.id))
             .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
-            .and_where(Expr::col(Column::Attempts).eq(seen.attempts))
-            .to_owned();
-        let res = self
-            .db
-            .execute(&stmt)
-            .await
-            .map_err(db_err("registering a failure"))?;
+            .and_where(Expr::col(Column::Attempts).eq(seen.attempts));
+        let res = self.db.execute(&stmt).await.map_err(db_err(action))?;
         if res.rows_affected() == 1 {
-            let mut row = seen.clone();
-            row.status = status;
-            row.attempts = attempts;
-            row.last_error = Some(last_error);
-            row.updated_at = now;
-            return Ok(Outcome::Applied(row));
+            return Ok(Outcome::Applied(next));
         }
         self.conflict(seen.id).await
     }
 
-    /// R-004 `retry!` (ActiveAdmin's "Reenviar"): `failed` → `pending` with
-    /// 0 attempts and no error. Any other status is refused.
-    pub async fn retry(&self, id: i64) -> Result<Result<OutboxEventRow, RetryRefused>, StoreError> {
-        let stmt = Query::update()
+    /// The resend's write: `failed` → `pending`, 0 attempts, no error.
+    fn resend_statement(&self) -> UpdateStatement {
+        Query::update()
             .table(self.tbl())
             .value(Column::Status, Status::Pending.as_str())
             .value(Column::Attempts, 0)
             .value(Column::LastError, Option::<String>::None)
             .value(Column::UpdatedAt, now())
-            .and_where(Expr::col(Column::Id).eq(id))
             .and_where(Expr::col(Column::Status).eq(Status::Failed.as_str()))
+            .to_owned()
+    }
+
+    /// R-004 `retry!` (ActiveAdmin's "Reenviar"): `failed` → `pending` with
+    /// 0 attempts and no error. Any other status is refused.
+    pub async fn retry(&self, id: i64) -> Result<Result<OutboxEventRow, RetryRefused>, StoreError> {
+        let stmt = self
+            .resend_statement()
+            .and_where(Expr::col(Column::Id).eq(id))
             .to_owned();
         let res = self
             .db
@@ -381,14 +385,7 @@ impl Store {
     /// Resends every failed event (optionally of one `event_name`); returns
     /// how many rows went back to pending.
     pub async fn retry_all_failed(&self, event_name: Option<&str>) -> Result<u64, StoreError> {
-        let mut stmt = Query::update()
-            .table(self.tbl())
-            .value(Column::Status, Status::Pending.as_str())
-            .value(Column::Attempts, 0)
-            .value(Column::LastError, Option::<String>::None)
-            .value(Column::UpdatedAt, now())
-            .and_where(Expr::col(Column::Status).eq(Status::Failed.as_str()))
-            .to_owned();
+        let mut stmt = self.resend_statement();
         if let Some(name) = event_name {
             stmt.and_where(Expr::col(Column::EventName).eq(name));
         }
