@@ -27,7 +27,7 @@ fmt: ## Format the code
 	$(CARGO) fmt --all
 
 test: lint ## Lint, then every test (needs PostgreSQL and MariaDB; .ci/run starts them)
-	$(CARGO) test --locked --workspace --all-targets
+	$(CARGO) test --locked --workspace --lib --bins --tests
 
 test-faults: ## The long fault runs (OUTBOX_FAULT_SCALE multiplies their counts)
 	OUTBOX_FAULT_SCALE=$${OUTBOX_FAULT_SCALE:-10} $(CARGO) test --locked --release --test it faults -- --include-ignored --test-threads=1 --nocapture

@@ -9,7 +9,11 @@ fn last_error_is_cut_on_a_character_boundary() {
     assert!(cut.ends_with('…'));
     assert!(cut.trim_end_matches('…').chars().all(|c| c == '€'));
     let exact = "a".repeat(MAX_LAST_ERROR_BYTES);
-    assert_eq!(truncate_error(&exact), exact, "exactly at the limit is kept whole");
+    assert_eq!(
+        truncate_error(&exact),
+        exact,
+        "exactly at the limit is kept whole"
+    );
 }
 
 #[test]
