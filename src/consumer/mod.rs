@@ -7,7 +7,7 @@
 //! - triggers for an id whose job runs here are deferred until that job
 //!   ends, then re-decided from the database (echoes of our own writes);
 //! - at most `max_in_flight` jobs run; beyond that triggers wait in a
-//!   backlog and the assigned partitions are paused;
+//!   ready queue and the assigned partitions are paused;
 //! - offsets are stored as they advance (auto-commit sends them) and
 //!   committed synchronously at shutdown.
 
@@ -132,6 +132,9 @@ pub fn client_config(settings: &KafkaSettings) -> ClientConfig {
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "1000")
         .set("statistics.interval.ms", "5000")
+        // The loop pauses partitions when full; a smaller prefetch than
+        // librdkafka's 64 MiB keeps memory flat with a large backlog.
+        .set("queued.max.messages.kbytes", "16384")
         .set("enable.partition.eof", "false");
     for (k, v) in &settings.properties {
         cfg.set(property_name(k), v);
@@ -242,7 +245,7 @@ impl Pipeline {
             partitions: HashMap::new(),
             running: HashMap::new(),
             deferred: HashMap::new(),
-            backlog: VecDeque::new(),
+            ready: VecDeque::new(),
             next_generation: 1,
             next_serial: 1,
             paused: false,
@@ -259,7 +262,11 @@ impl Pipeline {
                     st.group_event(&self, ev);
                 }
                 Some(done) = done_rx.recv() => {
-                    st.job_done(&self, done, &shutdown).await;
+                    let mut dones = vec![done];
+                    while let Ok(more) = done_rx.try_recv() {
+                        dones.push(more);
+                    }
+                    st.jobs_done(&self, dones, &shutdown).await;
                 }
                 msg = stream.next() => {
                     let Some(first) = msg else { break };
@@ -362,7 +369,7 @@ impl Pipeline {
         for p in st.partitions.values() {
             p.cancel.cancel();
         }
-        st.backlog.clear();
+        st.ready.clear();
         st.deferred.clear();
         let deadline = tokio::time::Instant::now() + self.drain_timeout;
         while !st.running.is_empty() {
@@ -411,7 +418,8 @@ struct LoopState {
     running: HashMap<i64, Running>,
     /// Triggers for ids whose job is running, re-decided when it ends.
     deferred: HashMap<i64, Vec<Pos>>,
-    backlog: VecDeque<(i64, Pos)>,
+    /// Pending rows read for triggers, waiting for a free slot.
+    ready: VecDeque<(entity::OutboxEventRow, Pos)>,
     next_generation: u64,
     next_serial: u64,
     paused: bool,
@@ -453,7 +461,7 @@ impl LoopState {
                             "partition revoked"
                         );
                     }
-                    self.backlog.retain(|(_, pos)| pos.partition != p);
+                    self.ready.retain(|(_, pos)| pos.partition != p);
                     for list in self.deferred.values_mut() {
                         list.retain(|pos| pos.partition != p);
                     }
@@ -524,9 +532,9 @@ impl LoopState {
         self.admit(pl, candidates, shutdown).await;
     }
 
-    /// Starts jobs for triggers: deferred when the id's job runs, into the
-    /// backlog when full, else read from the database and started when the
-    /// row is pending there.
+    /// Decides triggers: deferred when the id's job runs here, else read
+    /// from the database (one query for all of them) and queued as ready
+    /// when the row is pending there; then starts what the limit allows.
     async fn admit(
         &mut self,
         pl: &Pipeline,
@@ -535,51 +543,61 @@ impl LoopState {
     ) {
         let mut to_read: Vec<(i64, Pos)> = Vec::new();
         for (id, pos) in candidates {
-            if self.running.contains_key(&id) || to_read.iter().any(|(i, _)| *i == id) {
+            let queued = self.ready.iter().any(|(r, _)| r.id == id);
+            if self.running.contains_key(&id) || queued || to_read.iter().any(|(i, _)| *i == id) {
                 pl.ctx
                     .metrics
                     .cdc_skips_total
                     .with_label_values(&["job_running"])
                     .inc();
                 self.deferred.entry(id).or_default().push(pos);
-            } else if self.running.len() + to_read.len() >= pl.max_in_flight {
-                self.backlog.push_back((id, pos));
             } else {
                 to_read.push((id, pos));
             }
         }
-        if to_read.is_empty() {
-            return;
-        }
-        let ids: Vec<i64> = to_read.iter().map(|(id, _)| *id).collect();
-        let Some(rows) = read_rows(pl, &ids, shutdown).await else {
-            return; // shutting down: these stay unfinished, hence uncommitted
-        };
-        let mut rows: HashMap<i64, entity::OutboxEventRow> =
-            rows.into_iter().map(|r| (r.id, r)).collect();
-        for (id, pos) in to_read {
-            if !self.current(&pos) {
-                continue;
+        if !to_read.is_empty() {
+            let ids: Vec<i64> = to_read.iter().map(|(id, _)| *id).collect();
+            let Some(rows) = read_rows(pl, &ids, shutdown).await else {
+                return; // shutting down: these stay unfinished, hence uncommitted
+            };
+            let mut rows: HashMap<i64, entity::OutboxEventRow> =
+                rows.into_iter().map(|r| (r.id, r)).collect();
+            for (id, pos) in to_read {
+                if !self.current(&pos) {
+                    continue;
+                }
+                let reason = match rows.remove(&id) {
+                    Some(row) if row.status == entity::Status::Pending => {
+                        self.ready.push_back((row, pos));
+                        continue;
+                    }
+                    Some(row) => {
+                        debug!(id, status = %row.status, "stale trigger skipped");
+                        "stale"
+                    }
+                    None => "row_missing",
+                };
+                pl.ctx
+                    .metrics
+                    .cdc_skips_total
+                    .with_label_values(&[reason])
+                    .inc();
+                self.finish(&pos);
             }
-            match rows.remove(&id) {
-                Some(row) if row.status == entity::Status::Pending => self.spawn(pl, row, pos),
-                Some(row) => {
-                    pl.ctx
-                        .metrics
-                        .cdc_skips_total
-                        .with_label_values(&["stale"])
-                        .inc();
-                    debug!(id, status = %row.status, "stale trigger skipped");
-                    self.finish(&pos);
-                }
-                None => {
-                    pl.ctx
-                        .metrics
-                        .cdc_skips_total
-                        .with_label_values(&["row_missing"])
-                        .inc();
-                    self.finish(&pos);
-                }
+        }
+        self.start_ready(pl);
+    }
+
+    /// Starts jobs from the ready queue up to the in-flight limit. Rows
+    /// queued here were read when their batch was decided, so starting
+    /// them costs no database round trip.
+    fn start_ready(&mut self, pl: &Pipeline) {
+        while self.running.len() < pl.max_in_flight {
+            let Some((row, pos)) = self.ready.pop_front() else {
+                break;
+            };
+            if self.current(&pos) {
+                self.spawn(pl, row, pos);
             }
         }
     }
@@ -623,31 +641,34 @@ impl LoopState {
         }
     }
 
-    async fn job_done(&mut self, pl: &Pipeline, done: JobDone, shutdown: &CancellationToken) {
-        self.release(&done);
+    /// Ends the given jobs, then re-decides in one read the triggers that
+    /// waited for them, and refills the free slots.
+    async fn jobs_done(
+        &mut self,
+        pl: &Pipeline,
+        dones: Vec<JobDone>,
+        shutdown: &CancellationToken,
+    ) {
+        let mut again = Vec::new();
+        for done in dones {
+            self.release(&done);
+            if let Some(list) = self.deferred.remove(&done.id) {
+                let current: Vec<Pos> = list.into_iter().filter(|p| self.current(p)).collect();
+                let mut list = current.into_iter();
+                if let Some(first) = list.next() {
+                    again.push((done.id, first));
+                }
+                // One re-decision covers the id; the other triggers are done.
+                for pos in list {
+                    self.finish(&pos);
+                }
+            }
+        }
         pl.ctx
             .metrics
             .inflight_events
             .set(self.running.len() as i64);
-        let mut again = Vec::new();
-        if let Some(list) = self.deferred.remove(&done.id) {
-            let current: Vec<Pos> = list.into_iter().filter(|p| self.current(p)).collect();
-            let mut list = current.into_iter();
-            if let Some(first) = list.next() {
-                again.push((done.id, first));
-            }
-            // One re-decision covers the id; the other triggers are done.
-            for pos in list {
-                self.finish(&pos);
-            }
-        }
-        while self.running.len() + again.len() < pl.max_in_flight {
-            match self.backlog.pop_front() {
-                Some(item) if self.current(&item.1) => again.push(item),
-                Some(_) => {}
-                None => break,
-            }
-        }
+        self.start_ready(pl);
         if !again.is_empty() {
             self.admit(pl, again, shutdown).await;
         }
@@ -670,7 +691,7 @@ impl LoopState {
     /// Pauses the assigned partitions while the in-flight limit is reached,
     /// so librdkafka stops fetching instead of the sidecar buffering.
     fn flow_control(&mut self, pl: &Pipeline) {
-        let full = self.running.len() >= pl.max_in_flight || !self.backlog.is_empty();
+        let full = self.running.len() >= pl.max_in_flight || !self.ready.is_empty();
         if full != self.paused {
             self.set_paused(pl, full);
         }
