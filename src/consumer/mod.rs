@@ -7,7 +7,8 @@
 //! - triggers for an id whose job runs here are deferred until that job
 //!   ends, then re-decided from the database (echoes of our own writes);
 //! - at most `max_in_flight` jobs run; beyond that triggers wait in a
-//!   ready queue and the assigned partitions are paused;
+//!   ready queue; past a high mark the loop stops taking messages and, if
+//!   that lasts, pauses the assigned partitions;
 //! - offsets are stored as they advance (auto-commit sends them) and
 //!   committed synchronously at shutdown.
 
@@ -249,6 +250,7 @@ impl Pipeline {
             next_generation: 1,
             next_serial: 1,
             paused: false,
+            holding_since: None,
             done_tx,
         };
         info!(topic = %self.topic, "consuming");
@@ -268,7 +270,12 @@ impl Pipeline {
                     }
                     st.jobs_done(&self, dones, &shutdown).await;
                 }
-                msg = stream.next() => {
+                // Holding: too much decided work waits; stop taking more
+                // and, if that lasts, pause the partitions.
+                _ = tokio::time::sleep_until(st.pause_deadline()), if st.holding(&self) => {
+                    st.set_paused(&self, true);
+                }
+                msg = stream.next(), if !st.holding(&self) => {
                     let Some(first) = msg else { break };
                     // Rebalance callbacks ran inside that poll: apply them
                     // before deciding messages of the new assignment.
@@ -286,7 +293,10 @@ impl Pipeline {
                     while let Ok(ev) = self.events.try_recv() {
                         st.group_event(&self, ev);
                     }
+                    let started = std::time::Instant::now();
+                    let n = batch.len();
                     st.decide_batch(&self, batch, &shutdown).await;
+                    debug!(messages = n, running = st.running.len(), ready = st.ready.len(), took = ?started.elapsed(), "batch decided");
                 }
             }
             st.store_offsets(&self);
@@ -423,6 +433,8 @@ struct LoopState {
     next_generation: u64,
     next_serial: u64,
     paused: bool,
+    /// Since when the ready queue has been above its high mark.
+    holding_since: Option<tokio::time::Instant>,
     done_tx: mpsc::UnboundedSender<JobDone>,
 }
 
@@ -688,13 +700,32 @@ impl LoopState {
         }
     }
 
-    /// Pauses the assigned partitions while the in-flight limit is reached,
-    /// so librdkafka stops fetching instead of the sidecar buffering.
+    /// Bounds what waits here: over the high mark the loop stops taking
+    /// messages (see [`PAUSE_AFTER`]), and pauses the partitions if that
+    /// lasts; at or below `max_in_flight` waiting rows it takes messages
+    /// again, resuming the partitions if they were paused.
     fn flow_control(&mut self, pl: &Pipeline) {
-        let full = self.running.len() >= pl.max_in_flight || !self.ready.is_empty();
-        if full != self.paused {
-            self.set_paused(pl, full);
+        let waiting = self.ready.len();
+        if waiting >= ready_high(pl.max_in_flight) {
+            self.holding_since
+                .get_or_insert_with(tokio::time::Instant::now);
+        } else if waiting <= pl.max_in_flight {
+            self.holding_since = None;
+            if self.paused {
+                self.set_paused(pl, false);
+            }
         }
+    }
+
+    /// Not taking messages: the ready queue is over its high mark and the
+    /// partitions are not paused yet (once paused, polling is safe again and
+    /// serves rebalance callbacks).
+    fn holding(&self, pl: &Pipeline) -> bool {
+        !self.paused && self.ready.len() >= ready_high(pl.max_in_flight)
+    }
+
+    fn pause_deadline(&self) -> tokio::time::Instant {
+        self.holding_since.unwrap_or_else(tokio::time::Instant::now) + PAUSE_AFTER
     }
 
     fn set_paused(&mut self, pl: &Pipeline, pause: bool) {
@@ -715,6 +746,18 @@ impl LoopState {
             Err(e) => warn!(error = %e, "pause/resume failed"),
         }
     }
+}
+
+/// How long the loop may hold back (not take messages) before it pauses
+/// the partitions. A pause drops librdkafka's prefetched messages and a
+/// resume takes a fetch cycle (up to a second on some brokers) before
+/// messages flow again, so short waits are bridged by simply not polling;
+/// librdkafka's own queue stays bounded by `queued.max.messages.kbytes`.
+const PAUSE_AFTER: Duration = Duration::from_millis(500);
+
+/// How many decided rows may wait for a slot before fetching pauses.
+fn ready_high(max_in_flight: usize) -> usize {
+    (max_in_flight * 4).max(MAX_BATCH)
 }
 
 /// Reads rows, retrying while the database is down; `None` on shutdown.
