@@ -108,6 +108,9 @@ pub async fn mark_sent_many(
         .value(Column::SentAt, now)
         .value(Column::UpdatedAt, now)
         .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+        // Redundant with `which`, but lets the planner use the primary key
+        // instead of evaluating the OR over the table.
+        .and_where(Expr::col(Column::Id).is_in(rows.iter().map(|r| r.id)))
         .cond_where(which)
         .to_owned();
     let res = store
