@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use secret::{DatabaseUrl, Secret};
+pub use secret::{DatabaseUrl, Secret, REDACTED};
 
 /// The environment variable that names the configuration file.
 pub const CONFIG_ENV: &str = "OUTBOX_CONFIG";

@@ -3,14 +3,18 @@ use std::collections::BTreeMap;
 use super::*;
 
 fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 #[test]
 fn the_example_file_loads_and_is_complete_for_run() {
     let text = include_str!("../../config/example.toml");
     let s = Settings::from_toml(Some(text), BTreeMap::new()).expect("example.toml");
-    s.validate_for_run().expect("example.toml is enough for run");
+    s.validate_for_run()
+        .expect("example.toml is enough for run");
     assert_eq!(s.dispatch.max_attempts, 3);
     assert_eq!(s.dispatch.retry_delay, Duration::from_secs(5));
     assert_eq!(s.dispatchers["accounts"].events.len(), 3);
@@ -34,11 +38,18 @@ fn environment_overrides_the_file() {
 
 #[test]
 fn defaults_are_the_requirement() {
-    let s = Settings::from_toml(Some("[database]\nurl = \"sqlite::memory:\"\n"), BTreeMap::new()).unwrap();
+    let s = Settings::from_toml(
+        Some("[database]\nurl = \"sqlite::memory:\"\n"),
+        BTreeMap::new(),
+    )
+    .unwrap();
     assert_eq!(s.dispatch.max_attempts, 3);
     assert_eq!(s.dispatch.retry_delay, Duration::from_secs(5));
     assert_eq!(s.admin.listen, "0.0.0.0:9464");
-    assert!(s.admin.token.is_none(), "no token by default: admin disabled");
+    assert!(
+        s.admin.token.is_none(),
+        "no token by default: admin disabled"
+    );
     assert_eq!(s.kafka.group_id, "outbox-sidecar");
     assert_eq!(s.shutdown.drain_timeout, Duration::from_secs(20));
 }
@@ -62,7 +73,10 @@ fn bad_dispatcher_url_and_listen_address() {
         BTreeMap::new(),
     )
     .unwrap_err();
-    assert_eq!(e.to_string(), "invalid configuration: dispatchers.a.url: scheme \"ftp\" is not http or https");
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: dispatchers.a.url: scheme \"ftp\" is not http or https"
+    );
     let e = Settings::from_toml(
         Some("[database]\nurl = \"sqlite::memory:\"\n[admin]\nlisten = \"everywhere\"\n"),
         BTreeMap::new(),
@@ -89,7 +103,10 @@ fn secrets_are_redacted_in_debug_and_toml() {
     for secret in ["pw-1", "tok-2", "sasl-3", "hdr-4"] {
         assert!(!shown.contains(secret), "{secret} shown:\n{shown}");
     }
-    assert!(shown.contains("\"client.id\" = \"me\""), "harmless properties stay visible");
+    assert!(
+        shown.contains("\"client.id\" = \"me\""),
+        "harmless properties stay visible"
+    );
 }
 
 #[test]

@@ -554,15 +554,15 @@ impl LoopState {
         shutdown: &CancellationToken,
     ) {
         let mut to_read: Vec<(i64, Pos)> = Vec::new();
+        // A second trigger for an id read in this same batch: decided after
+        // the read, by whether that read started (or queued) a job.
+        let mut repeats: Vec<(i64, Pos)> = Vec::new();
         for (id, pos) in candidates {
             let queued = self.ready.iter().any(|(r, _)| r.id == id);
-            if self.running.contains_key(&id) || queued || to_read.iter().any(|(i, _)| *i == id) {
-                pl.ctx
-                    .metrics
-                    .cdc_skips_total
-                    .with_label_values(&["job_running"])
-                    .inc();
-                self.deferred.entry(id).or_default().push(pos);
+            if self.running.contains_key(&id) || queued {
+                self.defer(pl, id, pos);
+            } else if to_read.iter().any(|(i, _)| *i == id) {
+                repeats.push((id, pos));
             } else {
                 to_read.push((id, pos));
             }
@@ -597,7 +597,31 @@ impl LoopState {
                 self.finish(&pos);
             }
         }
+        for (id, pos) in repeats {
+            if self.ready.iter().any(|(r, _)| r.id == id) {
+                self.defer(pl, id, pos);
+            } else {
+                // The read found nothing to do for the id: neither does this.
+                pl.ctx
+                    .metrics
+                    .cdc_skips_total
+                    .with_label_values(&["stale"])
+                    .inc();
+                self.finish(&pos);
+            }
+        }
         self.start_ready(pl);
+    }
+
+    /// Parks a trigger until the id's job (running or queued) ends; it is
+    /// then decided again from the database.
+    fn defer(&mut self, pl: &Pipeline, id: i64, pos: Pos) {
+        pl.ctx
+            .metrics
+            .cdc_skips_total
+            .with_label_values(&["job_running"])
+            .inc();
+        self.deferred.entry(id).or_default().push(pos);
     }
 
     /// Starts jobs from the ready queue up to the in-flight limit. Rows

@@ -19,7 +19,11 @@ pub struct ApiState {
     pub accept_all: Arc<AtomicBool>,
 }
 
-async fn events(State(state): State<ApiState>, headers: HeaderMap, Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
+async fn events(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
     let key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())

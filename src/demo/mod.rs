@@ -151,7 +151,8 @@ async fn run(args: &DemoArgs, sqlite_path: &std::path::Path) -> Result<i32, Demo
         .database_url
         .clone()
         .unwrap_or_else(|| format!("sqlite:{}?mode=rwc", sqlite_path.display()));
-    let store = Store::connect(&db_url, entity::DEFAULT_TABLE, 3, 4, Duration::from_secs(5)).await?;
+    let store =
+        Store::connect(&db_url, entity::DEFAULT_TABLE, 3, 4, Duration::from_secs(5)).await?;
     store.migrate().await?;
     if args.database_url.is_some() && !store.list(&Default::default()).await?.is_empty() {
         return Err(DemoError::Other(
@@ -235,13 +236,21 @@ drain_timeout = "5s"
     }
     let case_of: HashMap<i64, &Case> = ids.iter().map(|(id, c)| (*id, *c)).collect();
 
-    println!("{}", paint.bold("  time     id  event_name                    transition          attempts  last_error"));
+    println!(
+        "{}",
+        paint.bold(
+            "  time     id  event_name                    transition          attempts  last_error"
+        )
+    );
     let t0 = Instant::now();
     let deadline = args.retry_delay * 10 + Duration::from_secs(30);
     let mut last: HashMap<i64, OutboxEventRow> = HashMap::new();
     let mut reached_failed: HashMap<i64, bool> = HashMap::new();
     let mut resent = false;
-    let always_reject = ids.iter().find(|(_, c)| c.key == "always_reject").map(|(id, _)| *id);
+    let always_reject = ids
+        .iter()
+        .find(|(_, c)| c.key == "always_reject")
+        .map(|(id, _)| *id);
     loop {
         let done = ids.iter().all(|(id, c)| {
             last.get(id).is_some_and(|r| {
@@ -255,7 +264,10 @@ drain_timeout = "5s"
         }
         let remaining = deadline.saturating_sub(t0.elapsed());
         let Ok(Some(change)) = tokio::time::timeout(remaining, changes.recv()).await else {
-            println!("  (stopped waiting after {})", humantime::format_duration(deadline));
+            println!(
+                "  (stopped waiting after {})",
+                humantime::format_duration(deadline)
+            );
             break;
         };
         let row = &change.after;
@@ -308,8 +320,12 @@ drain_timeout = "5s"
     let mut wrong = Vec::new();
     for (id, case) in &ids {
         let row = store.get(*id).await?;
-        let (status, attempts) = row.as_ref().map(|r| (r.status, r.attempts)).unwrap_or((Status::Pending, -1));
-        let history_ok = case.key != "always_reject" || reached_failed.get(id).copied().unwrap_or(false);
+        let (status, attempts) = row
+            .as_ref()
+            .map(|r| (r.status, r.attempts))
+            .unwrap_or((Status::Pending, -1));
+        let history_ok =
+            case.key != "always_reject" || reached_failed.get(id).copied().unwrap_or(false);
         let ok = status == case.expect_status && attempts == case.expect_attempts && history_ok;
         println!(
             "  {:>3}  {:<28}  {}  {:>8}  {} → {}  {}",
@@ -319,7 +335,11 @@ drain_timeout = "5s"
             attempts,
             case.story,
             case.decision_rows,
-            if ok { paint.code("32", "✓") } else { paint.code("31", "✗") }
+            if ok {
+                paint.code("32", "✓")
+            } else {
+                paint.code("31", "✗")
+            }
         );
         if !ok {
             wrong.push(format!(
@@ -327,7 +347,11 @@ drain_timeout = "5s"
                 case.event_name,
                 case.expect_status,
                 case.expect_attempts,
-                if history_ok { "" } else { " after having failed once" }
+                if history_ok {
+                    ""
+                } else {
+                    " after having failed once"
+                }
             ));
         }
     }
@@ -338,7 +362,10 @@ drain_timeout = "5s"
     println!("\n{}", paint.bold("  metrics that changed"));
     for (series, after) in &metrics_after {
         let before = metrics_before.get(series).copied().unwrap_or(0.0);
-        if (after - before).abs() > f64::EPSILON && !series.contains("_bucket") && !series.contains("_sum") {
+        if (after - before).abs() > f64::EPSILON
+            && !series.contains("_bucket")
+            && !series.contains("_sum")
+        {
             println!("  {series} {before} → {after}");
         }
     }
@@ -349,7 +376,10 @@ drain_timeout = "5s"
     drop(cluster);
     println!("\n  finished in {:.1}s", started.elapsed().as_secs_f64());
     if wrong.is_empty() {
-        println!("  {}", paint.code("32", "every row ended as R-004's decision table says"));
+        println!(
+            "  {}",
+            paint.code("32", "every row ended as R-004's decision table says")
+        );
         Ok(crate::cli::EXIT_OK)
     } else {
         for w in &wrong {
@@ -368,7 +398,9 @@ async fn wait_ready(http: &reqwest::Client, admin: &str) -> Result<(), DemoError
             }
         }
         if Instant::now() > deadline {
-            return Err(DemoError::Other("the sidecar did not become ready within 30s".into()));
+            return Err(DemoError::Other(
+                "the sidecar did not become ready within 30s".into(),
+            ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -36,6 +36,8 @@ pub struct Dispatcher {
     timeout: Duration,
     client: reqwest::Client,
     headers: HeaderMap,
+    /// The configured header values, masked wherever a response echoes them.
+    secrets: Vec<String>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -65,6 +67,12 @@ impl Dispatcher {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
+        let secrets = settings
+            .headers
+            .values()
+            .map(|v| v.expose().to_owned())
+            .filter(|v| !v.is_empty())
+            .collect();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -78,6 +86,7 @@ impl Dispatcher {
             timeout: settings.timeout,
             client,
             headers,
+            secrets,
         })
     }
 
@@ -112,7 +121,7 @@ impl Dispatcher {
                         status: status.as_u16(),
                     };
                 }
-                let excerpt = read_excerpt(&mut resp).await;
+                let excerpt = shorten(self.redact(read_excerpt(&mut resp).await));
                 Delivery::Failed {
                     error: if excerpt.is_empty() {
                         format!("HTTP {}", status.as_u16())
@@ -128,35 +137,59 @@ impl Dispatcher {
     }
 }
 
+impl Dispatcher {
+    /// A receiver may echo the request (headers included) in its error
+    /// body; `last_error`, the admin API and the logs must not show them.
+    fn redact(&self, mut text: String) -> String {
+        for secret in &self.secrets {
+            if text.contains(secret.as_str()) {
+                text = text.replace(secret.as_str(), crate::config::REDACTED);
+            }
+            // A value like "Bearer xyz" may be echoed as just "xyz".
+            if let Some((_, token)) = secret.split_once(' ') {
+                if token.len() >= 8 && text.contains(token) {
+                    text = text.replace(token, crate::config::REDACTED);
+                }
+            }
+        }
+        text
+    }
+}
+
 fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
     if let Ok(v) = HeaderValue::from_str(value) {
         headers.insert(HeaderName::from_static(name), v);
     }
 }
 
-/// The first bytes of an error body, on one line; never the whole body.
+/// The start of an error body, on one line; never the whole body. Read a
+/// little past the excerpt so a secret straddling its end is still whole
+/// when [`Dispatcher::redact`] looks for it.
 async fn read_excerpt(resp: &mut reqwest::Response) -> String {
     let mut buf: Vec<u8> = Vec::new();
-    while buf.len() < BODY_EXCERPT_BYTES {
+    while buf.len() < BODY_EXCERPT_BYTES * 4 {
         match resp.chunk().await {
             Ok(Some(chunk)) => buf.extend_from_slice(&chunk),
             _ => break,
         }
     }
-    let text = String::from_utf8_lossy(&buf);
-    let mut out: String = text
+    String::from_utf8_lossy(&buf)
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if out.len() > BODY_EXCERPT_BYTES {
+        .collect()
+}
+
+/// Cuts an excerpt to [`BODY_EXCERPT_BYTES`] on a character boundary.
+fn shorten(mut text: String) -> String {
+    if text.len() > BODY_EXCERPT_BYTES {
         let mut end = BODY_EXCERPT_BYTES;
-        while !out.is_char_boundary(end) {
+        while !text.is_char_boundary(end) {
             end -= 1;
         }
-        out.truncate(end);
-        out.push('…');
+        text.truncate(end);
+        text.push('…');
     }
-    out.trim().to_owned()
+    text.trim().to_owned()
 }
 
 /// A short cause without the URL (it could carry credentials).

@@ -7,8 +7,16 @@ fn demo_plays_the_decision_table_and_exits_0() {
         .output()
         .expect("run the demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!stdout.contains("\x1b["), "no colour when not on a terminal");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !stdout.contains("\x1b["),
+        "no colour when not on a terminal"
+    );
     let table: Vec<&str> = stdout
         .lines()
         .skip_while(|l| !l.contains("final rows"))
@@ -28,7 +36,10 @@ fn demo_plays_the_decision_table_and_exits_0() {
     }
     assert_eq!(table.len(), 4, "{stdout}");
     assert!(stdout.contains("pending → failed"), "{stdout}");
-    assert!(stdout.contains("failed  → pending"), "the resend is shown: {stdout}");
+    assert!(
+        stdout.contains("failed  → pending"),
+        "the resend is shown: {stdout}"
+    );
     assert!(stdout.contains("every row ended as R-004's decision table says"));
     assert!(stdout.contains(r#"outbox_events_failed 0 → 1"#), "{stdout}");
 }
@@ -41,7 +52,12 @@ async fn demo_runs_on_postgresql_too() {
         .output()
         .expect("run the demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("database: postgres://"), "{stdout}");
     // A second run finds rows and refuses rather than mixing its story with them.
     let again = crate::cli::bin()

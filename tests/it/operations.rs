@@ -24,7 +24,12 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
 }
 
 async fn scrape(base: &str) -> String {
-    reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap()
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 fn client() -> reqwest::Client {
@@ -46,29 +51,54 @@ async fn metrics_show_exact_counts_and_follow_a_resend() {
     let base = t.admin_url("");
     let ok1 = t.insert("accounts.purchase_create", json!({})).await;
     let ok2 = t.insert("accounts.installment_paid", json!({})).await;
-    let bad = t.insert("accounts.purchase_create", json!({"reject": true})).await;
+    let bad = t
+        .insert("accounts.purchase_create", json!({"reject": true}))
+        .await;
     t.wait_status(ok1, Status::Sent, T).await;
     t.wait_status(ok2, Status::Sent, T).await;
     t.wait_status(bad, Status::Failed, T).await;
     t.wait_all_committed(&t.group, T).await;
     let m = eventually("the gauges to show the failed row", T, || async {
         let m = scrape(&base).await;
-        (sample(&m, "outbox_events_failed") == Some(1.0) && sample(&m, "outbox_events_pending") == Some(0.0)).then_some(m)
+        (sample(&m, "outbox_events_failed") == Some(1.0)
+            && sample(&m, "outbox_events_pending") == Some(0.0))
+        .then_some(m)
     })
     .await;
     let s = |series: &str| sample(&m, series).unwrap_or_else(|| panic!("no sample {series}\n{m}"));
-    assert_eq!(s(r#"outbox_dispatch_total{event_name="accounts.purchase_create",outcome="success"}"#), 1.0);
-    assert_eq!(s(r#"outbox_dispatch_total{event_name="accounts.purchase_create",outcome="failure"}"#), 3.0);
-    assert_eq!(s(r#"outbox_dispatch_total{event_name="accounts.installment_paid",outcome="success"}"#), 1.0);
-    assert_eq!(s(r#"outbox_transitions_total{event_name="accounts.purchase_create",to="sent"}"#), 1.0);
-    assert_eq!(s(r#"outbox_transitions_total{event_name="accounts.purchase_create",to="pending"}"#), 2.0);
-    assert_eq!(s(r#"outbox_transitions_total{event_name="accounts.purchase_create",to="failed"}"#), 1.0);
+    assert_eq!(
+        s(r#"outbox_dispatch_total{event_name="accounts.purchase_create",outcome="success"}"#),
+        1.0
+    );
+    assert_eq!(
+        s(r#"outbox_dispatch_total{event_name="accounts.purchase_create",outcome="failure"}"#),
+        3.0
+    );
+    assert_eq!(
+        s(r#"outbox_dispatch_total{event_name="accounts.installment_paid",outcome="success"}"#),
+        1.0
+    );
+    assert_eq!(
+        s(r#"outbox_transitions_total{event_name="accounts.purchase_create",to="sent"}"#),
+        1.0
+    );
+    assert_eq!(
+        s(r#"outbox_transitions_total{event_name="accounts.purchase_create",to="pending"}"#),
+        2.0
+    );
+    assert_eq!(
+        s(r#"outbox_transitions_total{event_name="accounts.purchase_create",to="failed"}"#),
+        1.0
+    );
     // 3 inserts + 2 echoes of the pending failures trigger; 3 final echoes skip.
     assert_eq!(s(r#"outbox_cdc_messages_total{result="triggered"}"#), 5.0);
     assert_eq!(s(r#"outbox_cdc_messages_total{result="skipped"}"#), 3.0);
     assert_eq!(s(r#"outbox_cdc_messages_total{result="invalid"}"#), 0.0);
     assert_eq!(s("outbox_inflight_events"), 0.0);
-    assert_eq!(s(r#"outbox_dispatch_duration_seconds_count{dispatcher="accounts"}"#), 5.0);
+    assert_eq!(
+        s(r#"outbox_dispatch_duration_seconds_count{dispatcher="accounts"}"#),
+        5.0
+    );
     assert_eq!(s("outbox_oldest_pending_age_seconds"), 0.0);
 
     // Resend through the admin API: the gauges follow, the pipeline sends it.
@@ -80,7 +110,11 @@ async fn metrics_show_exact_counts_and_follow_a_resend() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let m = scrape(&base).await;
-    assert_eq!(sample(&m, "outbox_events_failed"), Some(0.0), "gauges refreshed by the resend");
+    assert_eq!(
+        sample(&m, "outbox_events_failed"),
+        Some(0.0),
+        "gauges refreshed by the resend"
+    );
     t.wait_status(bad, Status::Sent, T).await;
     eventually("pending back to 0", T, || async {
         let m = scrape(&base).await;
@@ -120,20 +154,60 @@ async fn admin_auth_matrix_on_every_route() {
             }
             async move { req.send().await.unwrap() }
         };
-        let disabled = call(format!("http://{}", no_token.admin_addr()), Some("Bearer test-admin-token")).await;
-        assert_eq!(disabled.status(), 403, "{method} {path} with no token configured");
+        let disabled = call(
+            format!("http://{}", no_token.admin_addr()),
+            Some("Bearer test-admin-token"),
+        )
+        .await;
+        assert_eq!(
+            disabled.status(),
+            403,
+            "{method} {path} with no token configured"
+        );
         let body: Value = disabled.json().await.unwrap();
-        assert!(body["error"].as_str().unwrap().contains("set admin.token (OUTBOX__ADMIN__TOKEN)"));
+        assert!(body["error"]
+            .as_str()
+            .unwrap()
+            .contains("set admin.token (OUTBOX__ADMIN__TOKEN)"));
         let base = t.admin_url("");
-        assert_eq!(call(base.clone(), None).await.status(), 401, "{method} {path} missing");
-        assert_eq!(call(base.clone(), Some("Bearer wrong-token")).await.status(), 401, "{method} {path} wrong");
-        assert_eq!(call(base.clone(), Some("Basic dGVzdC1hZG1pbi10b2tlbg==")).await.status(), 401, "{method} {path} not bearer");
-        assert_eq!(call(base.clone(), Some("Bearer test-admin-token")).await.status(), *ok_status, "{method} {path} right");
+        assert_eq!(
+            call(base.clone(), None).await.status(),
+            401,
+            "{method} {path} missing"
+        );
+        assert_eq!(
+            call(base.clone(), Some("Bearer wrong-token"))
+                .await
+                .status(),
+            401,
+            "{method} {path} wrong"
+        );
+        assert_eq!(
+            call(base.clone(), Some("Basic dGVzdC1hZG1pbi10b2tlbg=="))
+                .await
+                .status(),
+            401,
+            "{method} {path} not bearer"
+        );
+        assert_eq!(
+            call(base.clone(), Some("Bearer test-admin-token"))
+                .await
+                .status(),
+            *ok_status,
+            "{method} {path} right"
+        );
     }
     // The open routes stay open on both.
     for base in [t.admin_url(""), format!("http://{}", no_token.admin_addr())] {
         for path in ["/metrics", "/livez", "/readyz"] {
-            assert_eq!(reqwest::get(format!("{base}{path}")).await.unwrap().status(), 200, "{path}");
+            assert_eq!(
+                reqwest::get(format!("{base}{path}"))
+                    .await
+                    .unwrap()
+                    .status(),
+                200,
+                "{path}"
+            );
         }
     }
     no_token.stop().await;
@@ -144,10 +218,21 @@ async fn admin_list_filters_and_resends_are_dispatched() {
     let reject = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let flag = reject.clone();
     let receiver = Receiver::start(move |_| {
-        if flag.load(std::sync::atomic::Ordering::SeqCst) { ResponseTemplate::new(503) } else { ResponseTemplate::new(200) }
+        if flag.load(std::sync::atomic::Ordering::SeqCst) {
+            ResponseTemplate::new(503)
+        } else {
+            ResponseTemplate::new(200)
+        }
     })
     .await;
-    let t = spawn_app_with(Options { max_attempts: 1, ..Options::default() }, receiver).await;
+    let t = spawn_app_with(
+        Options {
+            max_attempts: 1,
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
     let a = t.insert("accounts.purchase_create", json!({})).await;
     let b = t.insert("accounts.installment_paid", json!({})).await;
     let c = t.insert("accounts.installment_paid", json!({})).await;
@@ -158,9 +243,15 @@ async fn admin_list_filters_and_resends_are_dispatched() {
         let r = client().get(path).bearer_auth(TOKEN).send().await.unwrap();
         (r.status().as_u16(), r.json::<Value>().await.unwrap())
     };
-    let (status, list) = get(t.admin_url("/admin/events?status=failed&event_name=accounts.installment_paid")).await;
+    let (status, list) =
+        get(t.admin_url("/admin/events?status=failed&event_name=accounts.installment_paid")).await;
     assert_eq!(status, 200);
-    let ids: Vec<i64> = list.as_array().unwrap().iter().map(|e| e["id"].as_i64().unwrap()).collect();
+    let ids: Vec<i64> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_i64().unwrap())
+        .collect();
     assert_eq!(ids, vec![b, c]);
     assert_eq!(list[0]["last_error"], "HTTP 503");
     assert_eq!(list[0]["attempts"], 1);
@@ -169,12 +260,18 @@ async fn admin_list_filters_and_resends_are_dispatched() {
     assert_eq!(limited.as_array().unwrap().len(), 1);
     let (status, bad) = get(t.admin_url("/admin/events?status=done")).await;
     assert_eq!(status, 400);
-    assert!(bad["error"].as_str().unwrap().contains("unknown status \"done\""));
+    assert!(bad["error"]
+        .as_str()
+        .unwrap()
+        .contains("unknown status \"done\""));
     let (status, one) = get(t.admin_url(&format!("/admin/events/{a}"))).await;
     assert_eq!(status, 200);
     assert_eq!(one["payload"], json!({}));
     let (status, missing) = get(t.admin_url("/admin/events/987654")).await;
-    assert_eq!((status, missing["error"].as_str().unwrap()), (404, "event 987654 not found"));
+    assert_eq!(
+        (status, missing["error"].as_str().unwrap()),
+        (404, "event 987654 not found")
+    );
 
     reject.store(false, std::sync::atomic::Ordering::SeqCst);
     let post = |path: String| async move {
@@ -183,8 +280,13 @@ async fn admin_list_filters_and_resends_are_dispatched() {
     };
     let (status, body) = post(t.admin_url(&format!("/admin/events/{a}/retry"))).await;
     assert_eq!(status, 200);
-    assert_eq!((body["status"].as_str(), body["attempts"].as_i64()), (Some("pending"), Some(0)));
-    let (status, body) = post(t.admin_url("/admin/events/retry?status=failed&event_name=accounts.installment_paid")).await;
+    assert_eq!(
+        (body["status"].as_str(), body["attempts"].as_i64()),
+        (Some("pending"), Some(0))
+    );
+    let (status, body) =
+        post(t.admin_url("/admin/events/retry?status=failed&event_name=accounts.installment_paid"))
+            .await;
     assert_eq!((status, body["resent"].as_u64()), (200, Some(2)));
     for id in [a, b, c] {
         t.wait_status(id, Status::Sent, T).await;
@@ -192,7 +294,10 @@ async fn admin_list_filters_and_resends_are_dispatched() {
     let (status, conflict) = post(t.admin_url(&format!("/admin/events/{a}/retry"))).await;
     assert_eq!(status, 409);
     assert_eq!(conflict["status"], "sent");
-    assert_eq!(conflict["error"], format!("event {a} is sent: only failed events can be resent"));
+    assert_eq!(
+        conflict["error"],
+        format!("event {a} is sent: only failed events can be resent")
+    );
     let (status, _) = post(t.admin_url("/admin/events/987654/retry")).await;
     assert_eq!(status, 404);
     // Bodies over the limit are refused before any handler runs.
@@ -218,7 +323,10 @@ async fn readiness_follows_the_database() {
     settings.database.connect_timeout = Duration::from_secs(1);
     let app = App::start(settings).await.unwrap();
     let ready = format!("http://{}/readyz", app.admin_addr());
-    eventually("ready", T, || async { (reqwest::get(&ready).await.ok()?.status() == 200).then_some(()) }).await;
+    eventually("ready", T, || async {
+        (reqwest::get(&ready).await.ok()?.status() == 200).then_some(())
+    })
+    .await;
     proxy.set_down(true);
     let body: Value = eventually("503 while the database is down", T, || async {
         let r = reqwest::get(&ready).await.ok()?;
@@ -227,11 +335,17 @@ async fn readiness_follows_the_database() {
     })
     .await;
     assert_eq!(body["ready"], false);
-    assert!(body["reason"].as_str().unwrap().starts_with("database"), "{body}");
+    assert!(
+        body["reason"].as_str().unwrap().starts_with("database"),
+        "{body}"
+    );
     // Work arriving during the outage waits, and is done when it returns.
     let id = t.insert("accounts.purchase_create", json!({})).await;
     proxy.set_down(false);
-    eventually("ready again", T, || async { (reqwest::get(&ready).await.ok()?.status() == 200).then_some(()) }).await;
+    eventually("ready again", T, || async {
+        (reqwest::get(&ready).await.ok()?.status() == 200).then_some(())
+    })
+    .await;
     t.wait_status(id, Status::Sent, T).await;
     app.stop().await;
 }
@@ -241,7 +355,12 @@ async fn liveness_and_readiness_before_and_after_joining() {
     let t = spawn_app(Options::default()).await;
     let r = reqwest::get(t.admin_url("/livez")).await.unwrap();
     assert_eq!(r.status(), 200);
-    let r: Value = reqwest::get(t.admin_url("/readyz")).await.unwrap().json().await.unwrap();
+    let r: Value = reqwest::get(t.admin_url("/readyz"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(r["ready"], true);
 }
 
@@ -277,7 +396,12 @@ fn bad_configurations_exit_2_naming_the_key() {
     for (i, (toml, expected)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("bad{i}.toml"));
         std::fs::write(&path, toml).unwrap();
-        let out = crate::cli::bin().arg("--config").arg(&path).arg("migrate").output().unwrap();
+        let out = crate::cli::bin()
+            .arg("--config")
+            .arg(&path)
+            .arg("migrate")
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(2), "{toml}");
         assert_eq!(String::from_utf8_lossy(&out.stderr), *expected);
     }
@@ -293,7 +417,11 @@ fn bad_configurations_exit_2_naming_the_key() {
         String::from_utf8_lossy(&out.stderr),
         "error: invalid configuration: invalid type: string \"lots\", expected an integer for key `dispatch.max_attempts` in the environment\n"
     );
-    let out = crate::cli::bin().env("OUTBOX__DATABASE__URL", "sqlite::memory:").arg("run").output().unwrap();
+    let out = crate::cli::bin()
+        .env("OUTBOX__DATABASE__URL", "sqlite::memory:")
+        .arg("run")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
@@ -304,21 +432,49 @@ fn bad_configurations_exit_2_naming_the_key() {
 #[test]
 fn config_command_redacts_every_secret() {
     let out = crate::cli::bin()
-        .env("OUTBOX__DATABASE__URL", "postgres://app:db-password-123@db:5432/app")
+        .env(
+            "OUTBOX__DATABASE__URL",
+            "postgres://app:db-password-123@db:5432/app",
+        )
         .env("OUTBOX__ADMIN__TOKEN", "admin-token-456")
-        .env("OUTBOX__DISPATCHERS__ACCOUNTS__URL", "http://accounts/api/v1/events")
-        .env("OUTBOX__DISPATCHERS__ACCOUNTS__EVENTS", "accounts.purchase_create")
-        .env("OUTBOX__DISPATCHERS__ACCOUNTS__HEADERS__AUTHORIZATION", "Bearer header-secret-789")
-        .env("OUTBOX__KAFKA__PROPERTIES__SASL_PASSWORD", "sasl-secret-000")
+        .env(
+            "OUTBOX__DISPATCHERS__ACCOUNTS__URL",
+            "http://accounts/api/v1/events",
+        )
+        .env(
+            "OUTBOX__DISPATCHERS__ACCOUNTS__EVENTS",
+            "accounts.purchase_create",
+        )
+        .env(
+            "OUTBOX__DISPATCHERS__ACCOUNTS__HEADERS__AUTHORIZATION",
+            "Bearer header-secret-789",
+        )
+        .env(
+            "OUTBOX__KAFKA__PROPERTIES__SASL_PASSWORD",
+            "sasl-secret-000",
+        )
         .arg("config")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    for secret in ["db-password-123", "admin-token-456", "header-secret-789", "sasl-secret-000"] {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for secret in [
+        "db-password-123",
+        "admin-token-456",
+        "header-secret-789",
+        "sasl-secret-000",
+    ] {
         assert!(!text.contains(secret), "{secret} printed:\n{text}");
     }
-    assert!(text.contains("url = \"postgres://app:***@db:5432/app\""), "{text}");
+    assert!(
+        text.contains("url = \"postgres://app:***@db:5432/app\""),
+        "{text}"
+    );
     assert!(text.contains("token = \"***\""), "{text}");
     assert!(text.contains("authorization = \"***\""), "{text}");
     assert!(text.contains("sasl_password = \"***\""), "{text}");

@@ -403,7 +403,9 @@ async fn malformed_records_go_to_the_dead_letter_topic_and_the_stream_moves_on()
     let mut settings = t.settings(&t.group);
     settings.kafka.dead_letter_topic = Some(dlq.clone());
     let app = outbox_sidecar::app::App::start(settings).await.unwrap();
-    t.feed.publish_raw(Some(br#"{"id":1}"#), Some(b"{not json")).await;
+    t.feed
+        .publish_raw(Some(br#"{"id":1}"#), Some(b"{not json"))
+        .await;
     let id = t.insert("accounts.purchase_create", json!({})).await;
     t.wait_status(id, Status::Sent, T).await;
     let reader: StreamConsumer = rdkafka::ClientConfig::new()
@@ -413,19 +415,35 @@ async fn malformed_records_go_to_the_dead_letter_topic_and_the_stream_moves_on()
         .create()
         .unwrap();
     reader.subscribe(&[&dlq]).unwrap();
-    let msg = tokio::time::timeout(T, reader.recv()).await.expect("a dead letter").unwrap();
-    assert_eq!(msg.payload(), Some(&b"{not json"[..]), "the record is kept as it was");
+    let msg = tokio::time::timeout(T, reader.recv())
+        .await
+        .expect("a dead letter")
+        .unwrap();
+    assert_eq!(
+        msg.payload(),
+        Some(&b"{not json"[..]),
+        "the record is kept as it was"
+    );
     let headers: std::collections::HashMap<String, String> = {
         use rdkafka::message::Headers;
         msg.headers()
             .unwrap()
             .iter()
-            .map(|h| (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+            .map(|h| {
+                (
+                    h.key.to_owned(),
+                    String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                )
+            })
             .collect()
     };
     assert_eq!(headers["outbox.source.topic"], t.topic);
     assert_eq!(headers["outbox.source.offset"], "0");
-    assert!(headers["outbox.error"].starts_with(&format!("invalid change event at {}/0@0: value", t.topic)), "{headers:?}");
+    assert!(
+        headers["outbox.error"]
+            .starts_with(&format!("invalid change event at {}/0@0: value", t.topic)),
+        "{headers:?}"
+    );
     app.stop().await;
 }
 
@@ -433,7 +451,11 @@ async fn malformed_records_go_to_the_dead_letter_topic_and_the_stream_moves_on()
 async fn in_flight_limit_bounds_concurrent_requests() {
     let delay = Duration::from_millis(300);
     let receiver = Receiver::start(move |_| crate::harness::receiver::slow(204, delay)).await;
-    let opts = Options { max_in_flight: 2, partitions: 2, ..Options::default() };
+    let opts = Options {
+        max_in_flight: 2,
+        partitions: 2,
+        ..Options::default()
+    };
     let t = spawn_app_with(opts, receiver).await;
     let mut ids = Vec::new();
     for i in 0..12 {
@@ -449,9 +471,16 @@ async fn in_flight_limit_bounds_concurrent_requests() {
     let busy = chrono::Duration::from_std(delay).unwrap();
     let max_overlap = reqs
         .iter()
-        .map(|a| reqs.iter().filter(|b| b.at <= a.at && a.at < b.at + busy).count())
+        .map(|a| {
+            reqs.iter()
+                .filter(|b| b.at <= a.at && a.at < b.at + busy)
+                .count()
+        })
         .max()
         .unwrap();
-    assert!(max_overlap <= 2, "{max_overlap} requests in flight with max_in_flight = 2");
+    assert!(
+        max_overlap <= 2,
+        "{max_overlap} requests in flight with max_in_flight = 2"
+    );
     assert!(max_overlap >= 2, "the limit is used: {max_overlap}");
 }

@@ -14,7 +14,11 @@ use crate::harness::{eventually, receiver, spawn_app_with, Options, Receiver};
 const T: Duration = Duration::from_secs(30);
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// The ids of the insert events below `committed` in `partition`.
@@ -29,7 +33,8 @@ fn inserts_below(brokers: &str, topic: &str, partition: i32, committed: i64) -> 
         .create()
         .unwrap();
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, Offset::Beginning).unwrap();
+    tpl.add_partition_offset(topic, partition, Offset::Beginning)
+        .unwrap();
     consumer.assign(&tpl).unwrap();
     let mut ids = Vec::new();
     let deadline = Instant::now() + T;
@@ -37,7 +42,8 @@ fn inserts_below(brokers: &str, topic: &str, partition: i32, committed: i64) -> 
     while next < committed && Instant::now() < deadline {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
             next = m.offset() + 1;
-            let v: Value = serde_json::from_slice(m.payload().unwrap_or(b"null")).unwrap_or_default();
+            let v: Value =
+                serde_json::from_slice(m.payload().unwrap_or(b"null")).unwrap_or_default();
             if v["op"] == "c" {
                 ids.push(v["after"]["id"].as_i64().unwrap());
             }
@@ -50,7 +56,10 @@ fn inserts_below(brokers: &str, topic: &str, partition: i32, committed: i64) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_run_drains_commits_and_a_restart_finishes() {
     let receiver = Receiver::start(|_| receiver::slow(204, Duration::from_millis(400))).await;
-    let opts = Options { max_in_flight: 4, ..Options::default() };
+    let opts = Options {
+        max_in_flight: 4,
+        ..Options::default()
+    };
     let mut t = spawn_app_with(opts, receiver).await;
     t.stop().await;
 
@@ -108,16 +117,29 @@ level = "debug"
     .await;
     // Admin calls with a wrong and a right token: neither may be logged.
     let c = reqwest::Client::new();
-    let wrong = c.get(format!("{base}/admin/events")).bearer_auth("wrong-token-111").send().await.unwrap();
+    let wrong = c
+        .get(format!("{base}/admin/events"))
+        .bearer_auth("wrong-token-111")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(wrong.status(), 401);
-    let right = c.get(format!("{base}/admin/events")).bearer_auth("admin-token-456").send().await.unwrap();
+    let right = c
+        .get(format!("{base}/admin/events"))
+        .bearer_auth("admin-token-456")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(right.status(), 200);
 
     let mut ids = Vec::new();
     for i in 0..24 {
         ids.push(t.insert("accounts.purchase_create", json!({"n": i})).await);
     }
-    eventually("some requests", T, || async { (t.receiver.requests().len() >= 3).then_some(()) }).await;
+    eventually("some requests", T, || async {
+        (t.receiver.requests().len() >= 3).then_some(())
+    })
+    .await;
     let status = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -130,7 +152,11 @@ level = "debug"
     })
     .await;
     assert_eq!(exit.code(), Some(0), "exit code after SIGTERM");
-    assert!(stopped_at.elapsed() < Duration::from_secs(5 + 3), "took {:?}", stopped_at.elapsed());
+    assert!(
+        stopped_at.elapsed() < Duration::from_secs(5 + 3),
+        "took {:?}",
+        stopped_at.elapsed()
+    );
 
     // No committed offset passes unfinished work: every insert below the
     // committed offset is sent.
@@ -138,12 +164,19 @@ level = "debug"
     let mut finished_before_restart = 0;
     for (p, c) in committed.iter().enumerate() {
         for id in inserts_below(&t.kafka.brokers, &t.topic, p as i32, *c) {
-            assert_eq!(t.row(id).await.status, Status::Sent, "event {id} committed in partition {p} but not sent");
+            assert_eq!(
+                t.row(id).await.status,
+                Status::Sent,
+                "event {id} committed in partition {p} but not sent"
+            );
             finished_before_restart += 1;
         }
     }
     let sent_before = t.receiver.requests().len();
-    assert!(sent_before < ids.len(), "the SIGTERM came before the end of the work");
+    assert!(
+        sent_before < ids.len(),
+        "the SIGTERM came before the end of the work"
+    );
 
     // A restart finishes every row, each sent exactly once.
     t.start().await;
@@ -152,21 +185,36 @@ level = "debug"
     }
     t.wait_all_committed(&t.group, T).await;
     for id in &ids {
-        assert_eq!(t.receiver.for_id(*id).len(), 1, "event {id}: a graceful stop sends nothing twice");
+        assert_eq!(
+            t.receiver.for_id(*id).len(),
+            1,
+            "event {id}: a graceful stop sends nothing twice"
+        );
     }
     println!("sigterm: {} events, {sent_before} sent before the signal, {finished_before_restart} committed", ids.len());
 
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(log.contains("shutdown requested"), "{log}");
-    for secret in ["db-password-123", "admin-token-456", "header-secret-789", "wrong-token-111"] {
+    for secret in [
+        "db-password-123",
+        "admin-token-456",
+        "header-secret-789",
+        "wrong-token-111",
+    ] {
         assert!(!log.contains(secret), "{secret} appears in the logs");
     }
     for line in log.lines().filter(|l| !l.trim().is_empty()) {
-        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-        assert!(v.get("level").is_some() && v.get("timestamp").is_some(), "{line}");
+        let v: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            v.get("level").is_some() && v.get("timestamp").is_some(),
+            "{line}"
+        );
     }
     assert!(
-        log.lines().any(|l| l.contains("\"id\":") && l.contains("\"event_name\":\"accounts.purchase_create\"")),
+        log.lines()
+            .any(|l| l.contains("\"id\":")
+                && l.contains("\"event_name\":\"accounts.purchase_create\"")),
         "a span per event carries id and event_name"
     );
 }
@@ -206,9 +254,15 @@ async fn a_second_signal_exits_at_once() {
     })
     .await;
     t.insert("accounts.purchase_create", json!({})).await;
-    eventually("the slow request to start", T, || async { (!t.receiver.requests().is_empty()).then_some(()) }).await;
+    eventually("the slow request to start", T, || async {
+        (!t.receiver.requests().is_empty()).then_some(())
+    })
+    .await;
     let pid = child.id().to_string();
-    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
     // The first signal drains (the request has 8 s to go); the second ends it.
     eventually("the drain to start", T, || async {
         let r = reqwest::get(format!("{base}/readyz")).await.ok()?;
@@ -217,12 +271,19 @@ async fn a_second_signal_exits_at_once() {
     })
     .await;
     let signalled = Instant::now();
-    std::process::Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
     let exit = eventually("the child to exit", Duration::from_secs(5), || {
         let r = child.try_wait().unwrap();
         async move { r }
     })
     .await;
     assert_eq!(exit.code(), Some(130));
-    assert!(signalled.elapsed() < Duration::from_secs(3), "took {:?}", signalled.elapsed());
+    assert!(
+        signalled.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        signalled.elapsed()
+    );
 }

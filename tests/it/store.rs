@@ -308,14 +308,27 @@ mod batched {
         let moved_on = applied(store.register_failure(&stale, "HTTP 500").await.unwrap());
         let mut ghost = fresh.clone();
         ghost.id = 777_777;
-        let outcomes = mark_sent_many(&store, &[fresh.clone(), retried.clone(), stale.clone(), ghost]).await.unwrap();
+        let outcomes = mark_sent_many(
+            &store,
+            &[fresh.clone(), retried.clone(), stale.clone(), ghost],
+        )
+        .await
+        .unwrap();
         for row in [&fresh, &retried] {
             let stored = store.get(row.id).await.unwrap().unwrap();
             assert_eq!(stored.status, Status::Sent);
             assert_eq!(outcomes[&row.id], Outcome::Applied(stored));
         }
-        assert_eq!(outcomes[&stale.id], Outcome::Conflict(moved_on.clone()), "computed from a stale state");
-        assert_eq!(store.get(stale.id).await.unwrap().unwrap(), moved_on, "and changed nothing");
+        assert_eq!(
+            outcomes[&stale.id],
+            Outcome::Conflict(moved_on.clone()),
+            "computed from a stale state"
+        );
+        assert_eq!(
+            store.get(stale.id).await.unwrap().unwrap(),
+            moved_on,
+            "and changed nothing"
+        );
         assert_eq!(outcomes[&777_777], Outcome::NotFound(777_777));
     }
 
@@ -329,7 +342,9 @@ mod batched {
         }
         let results = futures::future::join_all(rows.iter().map(|r| writer.mark_sent(r))).await;
         for (row, result) in rows.iter().zip(results) {
-            assert!(matches!(result.unwrap(), Outcome::Applied(r) if r.id == row.id && r.status == Status::Sent));
+            assert!(
+                matches!(result.unwrap(), Outcome::Applied(r) if r.id == row.id && r.status == Status::Sent)
+            );
         }
         let stats = store.stats().await.unwrap();
         assert_eq!((stats.sent, stats.pending), (40, 0));
@@ -340,20 +355,32 @@ mod batched {
 
     mod postgres {
         #[tokio::test]
-        async fn applies_and_reports_conflicts() { super::applies_and_reports_conflicts(super::Backend::Postgres).await }
+        async fn applies_and_reports_conflicts() {
+            super::applies_and_reports_conflicts(super::Backend::Postgres).await
+        }
         #[tokio::test]
-        async fn writer_batches_concurrent_jobs() { super::writer_batches_concurrent_jobs(super::Backend::Postgres).await }
+        async fn writer_batches_concurrent_jobs() {
+            super::writer_batches_concurrent_jobs(super::Backend::Postgres).await
+        }
     }
     mod mariadb {
         #[tokio::test]
-        async fn applies_and_reports_conflicts() { super::applies_and_reports_conflicts(super::Backend::MySql).await }
+        async fn applies_and_reports_conflicts() {
+            super::applies_and_reports_conflicts(super::Backend::MySql).await
+        }
         #[tokio::test]
-        async fn writer_batches_concurrent_jobs() { super::writer_batches_concurrent_jobs(super::Backend::MySql).await }
+        async fn writer_batches_concurrent_jobs() {
+            super::writer_batches_concurrent_jobs(super::Backend::MySql).await
+        }
     }
     mod sqlite {
         #[tokio::test]
-        async fn applies_and_reports_conflicts() { super::applies_and_reports_conflicts(super::Backend::Sqlite).await }
+        async fn applies_and_reports_conflicts() {
+            super::applies_and_reports_conflicts(super::Backend::Sqlite).await
+        }
         #[tokio::test]
-        async fn writer_batches_concurrent_jobs() { super::writer_batches_concurrent_jobs(super::Backend::Sqlite).await }
+        async fn writer_batches_concurrent_jobs() {
+            super::writer_batches_concurrent_jobs(super::Backend::Sqlite).await
+        }
     }
 }

@@ -32,7 +32,9 @@ impl Proxy {
                     }
                     let mut cut_rx = cut.subscribe();
                     tokio::spawn(async move {
-                        let Ok(mut outbound) = TcpStream::connect(target).await else { return };
+                        let Ok(mut outbound) = TcpStream::connect(target).await else {
+                            return;
+                        };
                         let mut inbound = inbound;
                         tokio::select! {
                             _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
@@ -42,7 +44,12 @@ impl Proxy {
                 }
             })
         };
-        Proxy { addr, down, cut, task }
+        Proxy {
+            addr,
+            down,
+            cut,
+            task,
+        }
     }
 
     pub fn set_down(&self, down: bool) {

@@ -1,0 +1,236 @@
+//! Crashes: the binary killed with SIGKILL at chosen and at random moments,
+//! restarted each time — while a 2xx is on its way back (a slow receiver
+//! widens the window between a 2xx and its status write), during a retry
+//! wait, and at random — 20 cycles per `OUTBOX_FAULT_SCALE`.
+
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::NaiveDateTime;
+use outbox_sidecar::store::now;
+use wiremock::ResponseTemplate;
+
+use super::check::{all_rows, check, Spec};
+use super::setup::{insert_many, prepare, scale, seed, settle_rows, Rng, T};
+use crate::harness::{eventually, Options, Receiver, TestApp};
+
+/// How long a 2xx takes to come back: a kill within this window after the
+/// request arrived lands between the 2xx and its status write.
+const SLOW_2XX: Duration = Duration::from_millis(400);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn write_config(t: &TestApp, dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("sidecar.toml");
+    let toml = format!(
+        r#"
+[database]
+url = "{db}"
+[kafka]
+brokers = "{brokers}"
+topic = "{topic}"
+group_id = "{group}"
+[kafka.properties]
+"session.timeout.ms" = "3000"
+"heartbeat.interval.ms" = "300"
+[dispatch]
+retry_delay = "{delay}"
+max_in_flight = {in_flight}
+[dispatchers.accounts]
+url = "{url}"
+events = ["accounts.purchase_create", "accounts.installment_paid", "accounts.installment_overdue"]
+timeout = "5s"
+[admin]
+listen = "127.0.0.1:0"
+token = "crash-admin-token"
+[shutdown]
+drain_timeout = "5s"
+[log]
+format = "json"
+level = "info"
+"#,
+        db = t.db.url,
+        brokers = t.kafka.brokers,
+        topic = t.topic,
+        group = t.group,
+        delay = t.opts.retry_delay,
+        in_flight = t.opts.max_in_flight,
+        url = t.receiver.url(),
+    );
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+struct Sidecar {
+    child: Child,
+    base: String,
+}
+
+fn spawn(config: &Path, log: &Path) -> Sidecar {
+    let port = free_port();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let child = crate::cli::bin()
+        .args(["run", "--config"])
+        .arg(config)
+        .env("OUTBOX__ADMIN__LISTEN", format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn the sidecar");
+    Sidecar {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {}", child.id());
+}
+
+/// SIGKILL now; returns the moment the process is known dead, for the
+/// checker (a request it sent just before the signal may arrive after the
+/// `kill` call).
+fn crash(mut s: Sidecar) -> NaiveDateTime {
+    signal(&s.child, "-KILL");
+    s.child.wait().expect("reap the killed sidecar");
+    now()
+}
+
+/// Polls `cond` until true or `limit`; whether it came true.
+async fn until<F, Fut>(limit: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_moments_and_restart() {
+    // Every third event fails its first attempt (a retry wait follows);
+    // every 2xx comes back slowly.
+    let receiver = Receiver::start(|r| {
+        if r.id % 3 == 0 && r.nth == 0 {
+            ResponseTemplate::new(503).set_delay(Duration::from_millis(100))
+        } else {
+            ResponseTemplate::new(200).set_delay(SLOW_2XX)
+        }
+    })
+    .await;
+    let opts = Options {
+        retry_delay: "1s",
+        max_in_flight: 4,
+        ..Options::default()
+    };
+    let t = prepare(opts, receiver, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&t, dir.path());
+    let log = dir.path().join("sidecar.log");
+    let started = Instant::now();
+    let cycles = 20 * scale();
+    let mut rng = Rng::new(seed(0xC2A5_0009));
+    let mut kills = Vec::with_capacity(cycles);
+    let (mut in_flight, mut in_retry_wait, mut at_random, mut missed) = (0, 0, 0, 0);
+    for cycle in 0..cycles {
+        insert_many(&t, 3, "crash").await;
+        let cycle_start = now();
+        let s = spawn(&config, &log);
+        match cycle % 3 {
+            0 => {
+                // A request arrived, its 2xx is not back yet.
+                let hit = until(Duration::from_secs(10), || async {
+                    let horizon = now() - chrono::Duration::from_std(SLOW_2XX / 2).unwrap();
+                    t.receiver
+                        .requests()
+                        .iter()
+                        .rev()
+                        .take(8)
+                        .any(|r| r.at > cycle_start && r.at > horizon && r.status < 300)
+                })
+                .await;
+                if hit {
+                    in_flight += 1
+                } else {
+                    missed += 1
+                }
+            }
+            1 => {
+                // A failure written by this process: its row waits to retry.
+                let hit = until(Duration::from_secs(10), || async {
+                    all_rows(&t).await.iter().any(|r| {
+                        r.status == entity::Status::Pending
+                            && r.attempts > 0
+                            && r.updated_at > cycle_start
+                    })
+                })
+                .await;
+                if hit {
+                    in_retry_wait += 1
+                } else {
+                    missed += 1
+                }
+            }
+            _ => {
+                at_random += 1;
+                tokio::time::sleep(Duration::from_millis(rng.below(4000))).await;
+            }
+        }
+        kills.push(crash(s));
+    }
+    let crash_phase = started.elapsed();
+    // A last start finishes everything; then a clean stop.
+    let mut last = spawn(&config, &log);
+    eventually("the last sidecar to be ready", T, || async {
+        (reqwest::get(format!("{}/readyz", last.base))
+            .await
+            .ok()?
+            .status()
+            == 200)
+            .then_some(())
+    })
+    .await;
+    settle_rows(&t, T).await;
+    t.wait_all_committed(&t.group, T).await;
+    signal(&last.child, "-TERM");
+    let exit = eventually("the last sidecar to exit", T, || {
+        let r = last.child.try_wait().unwrap();
+        async move { r }
+    })
+    .await;
+    assert_eq!(exit.code(), Some(0));
+    println!(
+        "faults crashes: {cycles} SIGKILLs in {crash_phase:?} ({in_flight} with a 2xx in flight, \
+         {in_retry_wait} in a retry wait, {at_random} at random, {missed} conditions not met in 10s)"
+    );
+    let mut spec = Spec::new("SIGKILL + restart", &t);
+    spec.faults = cycles;
+    spec.disruptions = kills;
+    check(&t, &spec).await;
+    assert!(
+        in_flight + in_retry_wait >= cycles / 3,
+        "too few kills landed where intended: {in_flight} in flight, {in_retry_wait} in retry waits"
+    );
+}

@@ -1,0 +1,130 @@
+//! Rebalances: two, then three members of one group while events flow,
+//! one of them stopped and started again and again; and a partition revoked
+//! while its POST is in flight.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_sidecar::store::now;
+use serde_json::json;
+use wiremock::ResponseTemplate;
+
+use super::check::{check, Spec};
+use super::setup::{prepare, scale, settle, start_with, T};
+use crate::harness::{eventually, receiver, Options, Receiver};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_then_three_members_with_one_bouncing() {
+    let receiver = Receiver::start(|r| {
+        if r.id % 4 == 0 && r.nth == 0 {
+            ResponseTemplate::new(500)
+        } else {
+            receiver::slow(200, Duration::from_millis(150))
+        }
+    })
+    .await;
+    let opts = Options {
+        partitions: 6,
+        max_in_flight: 8,
+        ..Options::default()
+    };
+    let mut t = prepare(opts, receiver, 1).await;
+    t.start().await;
+    // Events flow for the whole scenario.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let store = t.store.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let name = crate::harness::ACCOUNTS_EVENTS[n % 3];
+                store
+                    .insert(name, &json!({"mode": "rebalance", "n": n}))
+                    .await
+                    .expect("insert");
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            n
+        })
+    };
+    let mut disruptions = Vec::new();
+    let second = t.start_in_group(&t.group).await;
+    disruptions.push(now());
+    let mut third = t.start_in_group(&t.group).await;
+    disruptions.push(now());
+    let bounces = 3 * scale();
+    for _ in 0..bounces {
+        third.stop().await;
+        disruptions.push(now());
+        let before = t.receiver.requests().len();
+        eventually("work to go on with two members", T, || async {
+            (t.receiver.requests().len() > before + 5).then_some(())
+        })
+        .await;
+        third = t.start_in_group(&t.group).await;
+        disruptions.push(now());
+    }
+    stop.store(true, Ordering::SeqCst);
+    let inserted = producer.await.unwrap();
+    settle(&t, &t.group, T).await;
+    third.stop().await;
+    second.stop().await;
+    t.stop().await;
+    println!(
+        "faults rebalance: {inserted} events while 2 joins and {bounces} stop/start cycles ran"
+    );
+    let mut spec = Spec::new("rebalance 2→3 members, one bouncing", &t);
+    spec.faults = disruptions.len();
+    spec.per_disruption = t.opts.max_in_flight * 3;
+    spec.disruptions = disruptions;
+    check(&t, &spec).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_revoked_during_a_post() {
+    const POST: Duration = Duration::from_secs(10);
+    let receiver = Receiver::start(|_| receiver::slow(200, POST)).await;
+    let opts = Options {
+        partitions: 2,
+        ..Options::default()
+    };
+    let t = prepare(opts, receiver, 1).await;
+    let settings = || {
+        let mut s = t.settings(&t.group);
+        s.dispatchers.get_mut("accounts").unwrap().timeout = Duration::from_secs(15);
+        s
+    };
+    let first = start_with(settings()).await;
+    let n = 4;
+    for i in 0..n {
+        t.insert("accounts.purchase_create", json!({"n": i})).await;
+    }
+    eventually("every POST in flight", T, || async {
+        (t.receiver.requests().len() >= n).then_some(())
+    })
+    .await;
+    let first_post = t.receiver.requests()[0].at;
+    // A second member joins: the eager rebalance revokes every partition
+    // of the first while its POSTs are still waiting for their answers.
+    let second = start_with(settings()).await;
+    let revoked = now();
+    assert!(
+        revoked < first_post + chrono::Duration::from_std(POST).unwrap(),
+        "the rebalance ended after the POSTs: it did not revoke during them"
+    );
+    settle(&t, &t.group, T).await;
+    second.stop().await;
+    first.stop().await;
+    let mut spec = Spec::new("partition revoked during a POST", &t);
+    spec.faults = 1;
+    spec.disruptions = vec![revoked];
+    spec.per_disruption = t.opts.max_in_flight;
+    let figures = check(&t, &spec).await;
+    println!(
+        "faults revoke during POST: {} of {n} in-flight events sent twice by the new owner",
+        figures.duplicates
+    );
+}

@@ -1,0 +1,158 @@
+//! What the fault scenarios share: a `TestApp` built but not started (so a
+//! scenario can pick its broker count or change its settings first), the
+//! scale factor, a seeded random source and the settle step.
+
+use std::time::Duration;
+
+use outbox_sidecar::app::App;
+use outbox_sidecar::config::Settings;
+use rdkafka::mocking::MockCluster;
+
+use crate::db::{self, Source, TestDb};
+use crate::harness::{eventually, unique, ChangeFeed, Kafka, Options, Receiver, TestApp};
+
+/// The bound on any single wait of a scenario.
+pub const T: Duration = Duration::from_secs(60);
+
+/// `OUTBOX_FAULT_SCALE`: how many times the default counts (at least 1).
+pub fn scale() -> usize {
+    std::env::var("OUTBOX_FAULT_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1usize)
+        .max(1)
+}
+
+/// The seed of a scenario's random choices: `OUTBOX_FAULT_SEED` or `fixed`.
+pub fn seed(fixed: u64) -> u64 {
+    std::env::var("OUTBOX_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(fixed)
+}
+
+/// Whether librdkafka's mock cluster is in use; prints why a mock-only
+/// scenario is skipped when it is not.
+pub fn mock_cluster_or_skip(scenario: &str) -> bool {
+    let local = db::source(db::KAFKA_BROKERS_ENV) == Source::Local;
+    if !local {
+        println!(
+            "faults {scenario}: skipped: broker fault injection needs librdkafka's mock cluster, \
+             and {} (or a Docker engine) names a real broker",
+            db::KAFKA_BROKERS_ENV
+        );
+    }
+    local
+}
+
+/// splitmix64: small, seeded and good enough to pick faults.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix(self.0)
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// A stateless hash of a few numbers, for choices a receiver script and the
+/// checker must both recompute.
+pub fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A `TestApp` with its database, topic, feed and receiver, not started.
+/// `brokers` > 1 builds a mock cluster of that size (the caller checked
+/// [`mock_cluster_or_skip`]).
+pub async fn prepare(opts: Options, receiver: Receiver, brokers: i32) -> TestApp {
+    let kafka = if brokers > 1 {
+        let cluster = MockCluster::new(brokers).expect("start a mock cluster");
+        let bootstrap = cluster.bootstrap_servers();
+        Kafka {
+            cluster: Some(cluster),
+            brokers: bootstrap,
+        }
+    } else {
+        Kafka::start()
+    };
+    let db = TestDb::postgres().await;
+    let store = db.store(opts.max_attempts).await;
+    let topic = unique("faults");
+    let group = unique("sidecar");
+    kafka.create_topic(&topic, opts.partitions).await;
+    let feed = ChangeFeed::start(&db.url, &kafka.brokers, &topic).await;
+    TestApp {
+        kafka,
+        db,
+        store,
+        feed,
+        receiver,
+        topic,
+        group,
+        opts,
+        app: None,
+    }
+}
+
+/// Starts a sidecar with `settings` and waits until it is ready.
+pub async fn start_with(settings: Settings) -> App {
+    let app = App::start(settings).await.expect("start the sidecar");
+    let url = format!("http://{}/readyz", app.admin_addr());
+    eventually("the sidecar to be ready", T, || {
+        let url = url.clone();
+        async move {
+            let r = reqwest::get(&url).await.ok()?;
+            r.status().is_success().then_some(())
+        }
+    })
+    .await;
+    app
+}
+
+/// Waits until no row is pending and `group` committed everything: after
+/// that, nothing more is sent.
+pub async fn settle(t: &TestApp, group: &str, limit: Duration) {
+    settle_rows(t, limit).await;
+    t.wait_all_committed(group, limit).await;
+}
+
+/// Waits until no row is pending (sent and failed rows get no request).
+pub async fn settle_rows(t: &TestApp, limit: Duration) {
+    eventually("every row to be sent or failed", limit, || async move {
+        let stats = t.store.stats().await.ok()?;
+        (stats.pending == 0).then_some(())
+    })
+    .await;
+}
+
+/// Inserts `n` accounts events whose payload carries `mode` and a number.
+pub async fn insert_many(t: &TestApp, n: usize, mode: &str) -> Vec<i64> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let name = crate::harness::ACCOUNTS_EVENTS[i % 3];
+        ids.push(
+            t.insert(name, serde_json::json!({"mode": mode, "n": i}))
+                .await,
+        );
+    }
+    ids
+}
+
+/// The `mode` a request's payload carries.
+pub fn mode(r: &crate::harness::receiver::Received) -> String {
+    serde_json::from_slice::<serde_json::Value>(&r.body)
+        .ok()
+        .and_then(|v| v["mode"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
