@@ -1,57 +1,16 @@
 //! The binary as Kubernetes runs it: a child process that gets SIGTERM in
 //! the middle of its work, logs as JSON, and never prints a secret.
 
+use crate::harness::child::{free_port, inserts_below};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use entity::Status;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use serde_json::{json, Value};
 
 use crate::harness::{eventually, receiver, spawn_app_with, Options, Receiver};
 
 const T: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The ids of the insert events below `committed` in `partition`.
-fn inserts_below(brokers: &str, topic: &str, partition: i32, committed: i64) -> Vec<i64> {
-    if committed <= 0 {
-        return Vec::new();
-    }
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", crate::harness::unique("reader"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, Offset::Beginning)
-        .unwrap();
-    consumer.assign(&tpl).unwrap();
-    let mut ids = Vec::new();
-    let deadline = Instant::now() + T;
-    let mut next = 0;
-    while next < committed && Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-            next = m.offset() + 1;
-            let v: Value =
-                serde_json::from_slice(m.payload().unwrap_or(b"null")).unwrap_or_default();
-            if v["op"] == "c" {
-                ids.push(v["after"]["id"].as_i64().unwrap());
-            }
-        }
-    }
-    assert!(next >= committed, "could not read up to {committed}");
-    ids
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_run_drains_commits_and_a_restart_finishes() {

@@ -3,6 +3,7 @@
 //! widens the window between a 2xx and its status write), during a retry
 //! wait, and at random — 20 cycles per `OUTBOX_FAULT_SCALE`.
 
+use crate::harness::child::free_port;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -18,14 +19,6 @@ use crate::harness::{eventually, Options, Receiver, TestApp};
 /// How long a 2xx takes to come back: a kill within this window after the
 /// request arrived lands between the 2xx and its status write.
 const SLOW_2XX: Duration = Duration::from_millis(400);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn write_config(t: &TestApp, dir: &Path) -> std::path::PathBuf {
     let path = dir.join("sidecar.toml");

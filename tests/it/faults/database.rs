@@ -2,13 +2,11 @@
 //! database unreachable for 20 s (readiness 503, no offset committed past a
 //! status not yet written, work resumes).
 
+use crate::harness::child::inserts_below;
 use std::time::{Duration, Instant};
 
 use entity::Status;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use sea_orm::{ConnectionTrait, Statement};
-use serde_json::Value;
 use wiremock::ResponseTemplate;
 
 use super::check::{all_rows, check, Spec};
@@ -68,39 +66,6 @@ async fn every_sidecar_connection_killed_mid_run() {
     spec.faults = killed;
     check(&t, &spec).await;
     t.stop().await;
-}
-
-/// The ids of the insert events below `committed` in `partition` (as
-/// `process.rs` reads them).
-fn inserts_below(brokers: &str, topic: &str, partition: i32, committed: i64) -> Vec<i64> {
-    if committed <= 0 {
-        return Vec::new();
-    }
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", crate::harness::unique("reader"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, Offset::Beginning)
-        .unwrap();
-    consumer.assign(&tpl).unwrap();
-    let mut ids = Vec::new();
-    let deadline = Instant::now() + T;
-    let mut next = 0;
-    while next < committed && Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-            next = m.offset() + 1;
-            let v: Value =
-                serde_json::from_slice(m.payload().unwrap_or(b"null")).unwrap_or_default();
-            if v["op"] == "c" && m.offset() < committed {
-                ids.push(v["after"]["id"].as_i64().unwrap());
-            }
-        }
-    }
-    assert!(next >= committed, "could not read up to {committed}");
-    ids
 }
 
 /// Fails when a committed offset passes an insert whose row is not final.

@@ -3,6 +3,7 @@
 //! and secrets planted in the configuration kept out of logs, `last_error`,
 //! `/metrics`, the admin API and error output.
 
+use crate::harness::child::free_port;
 use std::process::Stdio;
 
 use entity::Status;
@@ -116,14 +117,6 @@ fn assert_no_secret(what: &str, text: &str) {
     for s in SECRETS {
         assert!(!text.contains(s), "{s} appears in {what}:\n{text}");
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

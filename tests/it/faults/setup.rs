@@ -8,8 +8,8 @@ use outbox_sidecar::app::App;
 use outbox_sidecar::config::Settings;
 use rdkafka::mocking::MockCluster;
 
-use crate::db::{self, Source, TestDb};
-use crate::harness::{eventually, unique, ChangeFeed, Kafka, Options, Receiver, TestApp};
+use crate::db::{self, Source};
+use crate::harness::{eventually, Kafka, Options, Receiver, TestApp};
 
 /// The bound on any single wait of a scenario.
 pub const T: Duration = Duration::from_secs(60);
@@ -86,23 +86,7 @@ pub async fn prepare(opts: Options, receiver: Receiver, brokers: i32) -> TestApp
     } else {
         Kafka::start()
     };
-    let db = TestDb::postgres().await;
-    let store = db.store(opts.max_attempts).await;
-    let topic = unique("faults");
-    let group = unique("sidecar");
-    kafka.create_topic(&topic, opts.partitions).await;
-    let feed = ChangeFeed::start(&db.url, &kafka.brokers, &topic).await;
-    TestApp {
-        kafka,
-        db,
-        store,
-        feed,
-        receiver,
-        topic,
-        group,
-        opts,
-        app: None,
-    }
+    crate::harness::prepare_on(kafka, opts, receiver).await
 }
 
 /// Starts a sidecar with `settings` and waits until it is ready.

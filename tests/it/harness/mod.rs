@@ -3,6 +3,7 @@
 //! a Debezium stand-in publishing every write, a real HTTP receiver, and the
 //! sidecar running in-process.
 
+pub mod child;
 pub mod feed;
 pub mod kafka;
 pub mod proxy;
@@ -207,15 +208,16 @@ drain_timeout = "5s"
     }
 }
 
-pub async fn spawn_app_with(opts: Options, receiver: Receiver) -> TestApp {
-    let kafka = Kafka::start();
+/// A `TestApp` on `kafka` with its own database, topic, feed and
+/// receiver; the sidecar not started yet.
+pub async fn prepare_on(kafka: Kafka, opts: Options, receiver: Receiver) -> TestApp {
     let db = TestDb::postgres().await;
     let store = db.store(opts.max_attempts).await;
     let topic = unique("outbox");
     let group = unique("sidecar");
     kafka.create_topic(&topic, opts.partitions).await;
     let feed = ChangeFeed::start(&db.url, &kafka.brokers, &topic).await;
-    let mut t = TestApp {
+    TestApp {
         kafka,
         db,
         store,
@@ -225,7 +227,11 @@ pub async fn spawn_app_with(opts: Options, receiver: Receiver) -> TestApp {
         group,
         opts,
         app: None,
-    };
+    }
+}
+
+pub async fn spawn_app_with(opts: Options, receiver: Receiver) -> TestApp {
+    let mut t = prepare_on(Kafka::start(), opts, receiver).await;
     t.start().await;
     t
 }
