@@ -85,7 +85,9 @@ async fn two_then_three_members_with_one_bouncing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_revoked_during_a_post() {
-    const POST: Duration = Duration::from_secs(10);
+    // Long enough that the second member is in (a join can take several
+    // seconds on a loaded 2-core machine) before the first POST ends.
+    const POST: Duration = Duration::from_secs(25);
     let receiver = Receiver::start(|_| receiver::slow(200, POST)).await;
     let opts = Options {
         partitions: 2,
@@ -94,7 +96,7 @@ async fn partition_revoked_during_a_post() {
     let t = prepare(opts, receiver, 1).await;
     let settings = || {
         let mut s = t.settings(&t.group);
-        s.dispatchers.get_mut("accounts").unwrap().timeout = Duration::from_secs(15);
+        s.dispatchers.get_mut("accounts").unwrap().timeout = Duration::from_secs(40);
         s
     };
     let first = start_with(settings()).await;
