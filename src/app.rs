@@ -62,14 +62,13 @@ impl App {
         let shutdown = CancellationToken::new();
         let health = Arc::new(ConsumerHealth::default());
         let alive = Arc::new(AtomicBool::new(true));
-        let ctx = Arc::new(JobContext {
-            store: store.clone(),
-            sent_writer: crate::store::batch::SentWriter::spawn(store.clone()),
+        let ctx = Arc::new(JobContext::new(
+            store.clone(),
             registry,
-            metrics: metrics.clone(),
-            retry_delay: settings.dispatch.retry_delay,
-            abort: CancellationToken::new(),
-        });
+            metrics.clone(),
+            settings.dispatch.retry_delay,
+            settings.dispatch.max_in_flight,
+        ));
         let pipeline = Pipeline::new(
             &settings.kafka,
             &settings.database.table,

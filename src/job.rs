@@ -10,17 +10,26 @@
 //! Cancellation is honoured only where nothing is half done: while waiting,
 //! and before a POST. A POST that started is always followed by its status
 //! write, retried with backoff on database errors and never by a re-send.
+//!
+//! The in-flight limit (`dispatch.max_in_flight`) counts jobs that are
+//! sending or writing: a job holds one of [`JobContext::slots`] from just
+//! before its POST until its status is written, and gives it back while it
+//! waits for its next attempt, so rows waiting out `retry_delay` do not
+//! hold back fresh events (the consumer bounds how many jobs may wait).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use entity::{OutboxEventRow, Status};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn, Instrument};
 
 use crate::dispatch::{Delivery, Registry};
 use crate::metrics::Metrics;
-use crate::store::batch::SentWriter;
+use crate::store::batch::{Sent, SentWriter};
 use crate::store::{Outcome, Store, StoreError};
 
 /// What a job needs, shared by all jobs.
@@ -33,6 +42,59 @@ pub struct JobContext {
     pub retry_delay: Duration,
     /// Cancelled when the drain deadline passes: give up even status writes.
     pub abort: CancellationToken,
+    /// The in-flight limit: one permit per job between its POST and its
+    /// status write.
+    pub slots: Arc<Semaphore>,
+    /// Jobs waiting out `retry_delay` (they hold no slot); the consumer
+    /// starts that many more jobs, within its bound.
+    pub waiting: AtomicUsize,
+    /// Signalled when a job starts waiting: a slot may be free for a row
+    /// the consumer holds ready.
+    pub wait_started: Notify,
+}
+
+impl JobContext {
+    pub fn new(
+        store: Store,
+        registry: Registry,
+        metrics: Metrics,
+        retry_delay: Duration,
+        max_in_flight: usize,
+    ) -> Self {
+        JobContext {
+            sent_writer: SentWriter::spawn(store.clone()),
+            store,
+            registry,
+            metrics,
+            retry_delay,
+            abort: CancellationToken::new(),
+            slots: Arc::new(Semaphore::new(max_in_flight)),
+            waiting: AtomicUsize::new(0),
+            wait_started: Notify::new(),
+        }
+    }
+
+    /// Jobs currently waiting for their next attempt.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+}
+
+/// Counts a job as waiting while it lives.
+struct Waiting<'a>(&'a JobContext);
+
+impl<'a> Waiting<'a> {
+    fn new(ctx: &'a JobContext) -> Self {
+        ctx.waiting.fetch_add(1, Ordering::Relaxed);
+        ctx.wait_started.notify_one();
+        Waiting(ctx)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// How a job ended.
@@ -82,6 +144,7 @@ pub async fn run(
         loop {
             if let Some(due) = due_at(&row, ctx.retry_delay) {
                 let wait = (due - crate::store::now()).to_std().unwrap_or(Duration::ZERO);
+                let _waiting = Waiting::new(&ctx);
                 tokio::select! {
                     _ = cancel.cancelled() => return JobEnd::Cancelled,
                     _ = tokio::time::sleep(wait) => {}
@@ -90,6 +153,15 @@ pub async fn run(
             if cancel.is_cancelled() {
                 return JobEnd::Cancelled;
             }
+            // Held until this attempt's status is written.
+            let _slot = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return JobEnd::Cancelled,
+                permit = ctx.slots.acquire() => match permit {
+                    Ok(p) => Slot::new(p, &ctx.metrics),
+                    Err(_) => return JobEnd::Cancelled,
+                },
+            };
             let attempt = row.attempts + 1;
             event_span.record("attempt", attempt);
             let label = ctx.registry.label(&row.event_name).to_owned();
@@ -105,18 +177,18 @@ pub async fn run(
                     ctx.metrics.dispatch_total.with_label_values(&[&label, "success"]).inc();
                     let written = write(&ctx, "sent", || ctx.sent_writer.mark_sent(&row)).await;
                     return match written {
-                        Some(Outcome::Applied(_)) => {
+                        Some(Sent::Applied { .. }) => {
                             ctx.metrics.transitions_total.with_label_values(&[&label, "sent"]).inc();
                             info!(attempt, http_status = status, "pending -> sent");
                             JobEnd::Sent
                         }
                         // Our own write may have committed before its reply was lost.
-                        Some(Outcome::Conflict(found)) if found.status == Status::Sent => JobEnd::Sent,
-                        Some(Outcome::Conflict(found)) => {
+                        Some(Sent::Conflict(found)) if found.status == Status::Sent => JobEnd::Sent,
+                        Some(Sent::Conflict(found)) => {
                             warn!(found = %found.status, "row changed during dispatch");
                             JobEnd::Conflict(found.status)
                         }
-                        Some(Outcome::NotFound(_)) => JobEnd::Conflict(Status::Pending),
+                        Some(Sent::NotFound(_)) => JobEnd::Conflict(Status::Pending),
                         None => JobEnd::Aborted,
                     };
                 }
@@ -156,12 +228,34 @@ pub async fn run(
     .await
 }
 
+/// An in-flight slot, counted by `outbox_inflight_events` while held.
+struct Slot<'a> {
+    _permit: SemaphorePermit<'a>,
+    metrics: &'a Metrics,
+}
+
+impl<'a> Slot<'a> {
+    fn new(permit: SemaphorePermit<'a>, metrics: &'a Metrics) -> Self {
+        metrics.inflight_events.inc();
+        Slot {
+            _permit: permit,
+            metrics,
+        }
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.metrics.inflight_events.dec();
+    }
+}
+
 /// Runs a status write until the database answers; `None` only when the
 /// drain deadline passed first.
-async fn write<F, Fut>(ctx: &JobContext, to: &'static str, op: F) -> Option<Outcome>
+async fn write<T, F, Fut>(ctx: &JobContext, to: &'static str, op: F) -> Option<T>
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<Outcome, StoreError>>,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
     let mut backoff = Duration::from_millis(50);
     loop {

@@ -84,7 +84,7 @@ impl Metrics {
         ));
         let inflight_events = must(IntGauge::new(
             "outbox_inflight_events",
-            "Events with a job running in this process",
+            "Events being sent or having their status written (jobs holding an in-flight slot)",
         ));
         let consumer_lag = must(IntGaugeVec::new(
             Opts::new(

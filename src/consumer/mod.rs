@@ -6,15 +6,19 @@
 //!   arrives and *finished* when decided (skip, invalid) or when its job ends;
 //! - triggers for an id whose job runs here are deferred until that job
 //!   ends, then re-decided from the database (echoes of our own writes);
-//! - at most `max_in_flight` jobs run; beyond that triggers wait in a
-//!   ready queue; past a high mark the loop stops taking messages and, if
-//!   that lasts, pauses the assigned partitions;
+//! - a job sends and writes only while it holds one of `max_in_flight`
+//!   slots (see [`crate::job`]); up to `2 × max_in_flight` jobs exist, so
+//!   a freed slot is taken at once by a job already started, plus one for
+//!   each job waiting out `retry_delay` without a slot (up to
+//!   [`WAITING_PER_SLOT`] per slot); beyond that triggers wait in a ready
+//!   queue; past a high mark the loop stops taking
+//!   messages and, if that lasts, pauses the assigned partitions;
 //! - offsets are stored as they advance (auto-commit sends them) and
 //!   committed synchronously at shutdown.
 
 pub mod offsets;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -246,7 +250,7 @@ impl Pipeline {
             partitions: HashMap::new(),
             running: HashMap::new(),
             deferred: HashMap::new(),
-            ready: VecDeque::new(),
+            ready: ReadyQueue::default(),
             next_generation: 1,
             next_serial: 1,
             paused: false,
@@ -262,6 +266,10 @@ impl Pipeline {
                 _ = shutdown.cancelled() => break,
                 Some(ev) = self.events.recv() => {
                     st.group_event(&self, ev);
+                }
+                // A job began its retry wait: its slot may take a ready row.
+                _ = self.ctx.wait_started.notified() => {
+                    st.start_ready(&self);
                 }
                 Some(done) = done_rx.recv() => {
                     let mut dones = vec![done];
@@ -423,13 +431,58 @@ struct Polled {
 /// Key and value bytes kept for the dead-letter topic.
 type RawRecord = (Option<Vec<u8>>, Option<Vec<u8>>);
 
+/// Pending rows read for triggers, in arrival order, waiting to become
+/// jobs; an id is in it at most once.
+#[derive(Default)]
+struct ReadyQueue {
+    rows: VecDeque<(entity::OutboxEventRow, Pos)>,
+    ids: HashSet<i64>,
+}
+
+impl ReadyQueue {
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn contains(&self, id: i64) -> bool {
+        self.ids.contains(&id)
+    }
+
+    fn push(&mut self, row: entity::OutboxEventRow, pos: Pos) {
+        self.ids.insert(row.id);
+        self.rows.push_back((row, pos));
+    }
+
+    fn pop(&mut self) -> Option<(entity::OutboxEventRow, Pos)> {
+        let (row, pos) = self.rows.pop_front()?;
+        self.ids.remove(&row.id);
+        Some((row, pos))
+    }
+
+    fn drop_partition(&mut self, partition: i32) {
+        let ids = &mut self.ids;
+        self.rows.retain(|(row, pos)| {
+            let keep = pos.partition != partition;
+            if !keep {
+                ids.remove(&row.id);
+            }
+            keep
+        });
+    }
+
+    fn clear(&mut self) {
+        self.rows.clear();
+        self.ids.clear();
+    }
+}
+
 struct LoopState {
     partitions: HashMap<i32, PartitionState>,
     running: HashMap<i64, Running>,
     /// Triggers for ids whose job is running, re-decided when it ends.
     deferred: HashMap<i64, Vec<Pos>>,
     /// Pending rows read for triggers, waiting for a free slot.
-    ready: VecDeque<(entity::OutboxEventRow, Pos)>,
+    ready: ReadyQueue,
     next_generation: u64,
     next_serial: u64,
     paused: bool,
@@ -473,7 +526,7 @@ impl LoopState {
                             "partition revoked"
                         );
                     }
-                    self.ready.retain(|(_, pos)| pos.partition != p);
+                    self.ready.drop_partition(p);
                     for list in self.deferred.values_mut() {
                         list.retain(|pos| pos.partition != p);
                     }
@@ -557,11 +610,12 @@ impl LoopState {
         // A second trigger for an id read in this same batch: decided after
         // the read, by whether that read started (or queued) a job.
         let mut repeats: Vec<(i64, Pos)> = Vec::new();
+        let mut reading: HashSet<i64> = HashSet::with_capacity(candidates.len());
         for (id, pos) in candidates {
-            let queued = self.ready.iter().any(|(r, _)| r.id == id);
+            let queued = self.ready.contains(id);
             if self.running.contains_key(&id) || queued {
                 self.defer(pl, id, pos);
-            } else if to_read.iter().any(|(i, _)| *i == id) {
+            } else if !reading.insert(id) {
                 repeats.push((id, pos));
             } else {
                 to_read.push((id, pos));
@@ -580,7 +634,7 @@ impl LoopState {
                 }
                 let reason = match rows.remove(&id) {
                     Some(row) if row.status == entity::Status::Pending => {
-                        self.ready.push_back((row, pos));
+                        self.ready.push(row, pos);
                         continue;
                     }
                     Some(row) => {
@@ -598,7 +652,7 @@ impl LoopState {
             }
         }
         for (id, pos) in repeats {
-            if self.ready.iter().any(|(r, _)| r.id == id) {
+            if self.ready.contains(id) {
                 self.defer(pl, id, pos);
             } else {
                 // The read found nothing to do for the id: neither does this.
@@ -624,12 +678,12 @@ impl LoopState {
         self.deferred.entry(id).or_default().push(pos);
     }
 
-    /// Starts jobs from the ready queue up to the in-flight limit. Rows
-    /// queued here were read when their batch was decided, so starting
-    /// them costs no database round trip.
+    /// Starts jobs from the ready queue up to [`max_jobs`]. Rows queued
+    /// here were read when their batch was decided, so starting them costs
+    /// no database round trip.
     fn start_ready(&mut self, pl: &Pipeline) {
-        while self.running.len() < pl.max_in_flight {
-            let Some((row, pos)) = self.ready.pop_front() else {
+        while self.running.len() < max_jobs(pl.max_in_flight, pl.ctx.waiting()) {
+            let Some((row, pos)) = self.ready.pop() else {
                 break;
             };
             if self.current(&pos) {
@@ -647,10 +701,6 @@ impl LoopState {
         self.next_serial += 1;
         let id = row.id;
         self.running.insert(id, Running { serial });
-        pl.ctx
-            .metrics
-            .inflight_events
-            .set(self.running.len() as i64);
         let ctx = pl.ctx.clone();
         let tx = self.done_tx.clone();
         tokio::spawn(async move {
@@ -700,10 +750,6 @@ impl LoopState {
                 }
             }
         }
-        pl.ctx
-            .metrics
-            .inflight_events
-            .set(self.running.len() as i64);
         self.start_ready(pl);
         if !again.is_empty() {
             self.admit(pl, again, shutdown).await;
@@ -778,6 +824,18 @@ impl LoopState {
 /// messages flow again, so short waits are bridged by simply not polling;
 /// librdkafka's own queue stays bounded by `queued.max.messages.kbytes`.
 const PAUSE_AFTER: Duration = Duration::from_millis(500);
+
+/// Jobs waiting out `retry_delay` that may exist per in-flight slot: they
+/// hold no slot, so a row that failed does not hold back fresh ones.
+pub const WAITING_PER_SLOT: usize = 4;
+
+/// How many jobs may exist now: `max_in_flight` holding a slot and as many
+/// waiting for one (a slot freed is taken without waiting for a turn of
+/// the consumer loop), plus one for each job waiting for its retry time,
+/// up to [`WAITING_PER_SLOT`] per slot.
+fn max_jobs(max_in_flight: usize, waiting: usize) -> usize {
+    (2 * max_in_flight).saturating_add(waiting.min(max_in_flight.saturating_mul(WAITING_PER_SLOT)))
+}
 
 /// How many decided rows may wait for a slot before fetching pauses.
 fn ready_high(max_in_flight: usize) -> usize {

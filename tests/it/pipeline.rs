@@ -484,3 +484,48 @@ async fn in_flight_limit_bounds_concurrent_requests() {
     );
     assert!(max_overlap >= 2, "the limit is used: {max_overlap}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_waiting_for_its_retry_does_not_hold_the_in_flight_slot() {
+    // max_in_flight = 1 and a long retry delay: the refused row waits 3 s
+    // for its second attempt, during which the one slot is free.
+    let receiver = Receiver::start(|r| {
+        let refused_row = String::from_utf8_lossy(&r.body).contains(r#""n":1"#);
+        if refused_row && r.nth == 0 {
+            ResponseTemplate::new(503)
+        } else {
+            ResponseTemplate::new(204)
+        }
+    })
+    .await;
+    let opts = Options {
+        retry_delay: "3s",
+        max_in_flight: 1,
+        partitions: 1,
+        ..Options::default()
+    };
+    let t = spawn_app_with(opts, receiver).await;
+    let refused = t.insert("accounts.purchase_create", json!({"n": 1})).await;
+    let failed_once = crate::harness::eventually("the first failure", T, || async {
+        let row = t.store.get(refused).await.ok()??;
+        (row.attempts == 1).then_some(row)
+    })
+    .await;
+    let fresh = t.insert("accounts.purchase_create", json!({"n": 2})).await;
+    let sent = t.wait_status(fresh, Status::Sent, T).await;
+    let retry_due = failed_once.updated_at + chrono::Duration::seconds(3);
+    assert!(
+        sent.sent_at.unwrap() < retry_due,
+        "the fresh row was sent at {:?}, after the refused row's retry time {retry_due}: \
+         the waiting job held the only slot",
+        sent.sent_at
+    );
+    let row = t.wait_status(refused, Status::Sent, T).await;
+    assert_eq!(row.attempts, 1);
+    let reqs = t.receiver.for_id(refused);
+    assert_eq!(reqs.len(), 2);
+    assert!(
+        reqs[1].at >= retry_due,
+        "retried before updated_at + retry_delay"
+    );
+}

@@ -297,7 +297,7 @@ mod batched {
     //! `mark_sent` batched across jobs gives each row what the single-row
     //! write would.
     use super::*;
-    use outbox_sidecar::store::batch::{mark_sent_many, SentWriter};
+    use outbox_sidecar::store::batch::{mark_sent_many, Key, Sent, SentWriter};
 
     async fn applies_and_reports_conflicts(backend: Backend) {
         let db = TestDb::new(backend).await;
@@ -308,20 +308,25 @@ mod batched {
         let moved_on = applied(store.register_failure(&stale, "HTTP 500").await.unwrap());
         let mut ghost = fresh.clone();
         ghost.id = 777_777;
-        let outcomes = mark_sent_many(
-            &store,
-            &[fresh.clone(), retried.clone(), stale.clone(), ghost],
-        )
-        .await
-        .unwrap();
+        let keys: Vec<Key> = [&fresh, &retried, &stale, &ghost]
+            .into_iter()
+            .map(Key::from)
+            .collect();
+        let outcomes = mark_sent_many(&store, &keys).await.unwrap();
         for row in [&fresh, &retried] {
             let stored = store.get(row.id).await.unwrap().unwrap();
             assert_eq!(stored.status, Status::Sent);
-            assert_eq!(outcomes[&row.id], Outcome::Applied(stored));
+            assert_eq!(stored.attempts, row.attempts);
+            assert_eq!(
+                outcomes[&row.id],
+                Sent::Applied {
+                    sent_at: stored.sent_at.unwrap()
+                }
+            );
         }
         assert_eq!(
             outcomes[&stale.id],
-            Outcome::Conflict(moved_on.clone()),
+            Sent::Conflict(moved_on.clone()),
             "computed from a stale state"
         );
         assert_eq!(
@@ -329,7 +334,7 @@ mod batched {
             moved_on,
             "and changed nothing"
         );
-        assert_eq!(outcomes[&777_777], Outcome::NotFound(777_777));
+        assert_eq!(outcomes[&777_777], Sent::NotFound(777_777));
     }
 
     async fn writer_batches_concurrent_jobs(backend: Backend) {
@@ -342,15 +347,20 @@ mod batched {
         }
         let results = futures::future::join_all(rows.iter().map(|r| writer.mark_sent(r))).await;
         for (row, result) in rows.iter().zip(results) {
-            assert!(
-                matches!(result.unwrap(), Outcome::Applied(r) if r.id == row.id && r.status == Status::Sent)
+            let Sent::Applied { sent_at } = result.unwrap() else {
+                panic!("row {} not applied", row.id);
+            };
+            let stored = store.get(row.id).await.unwrap().unwrap();
+            assert_eq!(
+                (stored.status, stored.sent_at),
+                (Status::Sent, Some(sent_at))
             );
         }
         let stats = store.stats().await.unwrap();
         assert_eq!((stats.sent, stats.pending), (40, 0));
         // The same rows again: every one is now a conflict.
         let again = writer.mark_sent(&rows[0]).await.unwrap();
-        assert!(matches!(again, Outcome::Conflict(r) if r.status == Status::Sent));
+        assert!(matches!(again, Sent::Conflict(r) if r.status == Status::Sent));
     }
 
     mod postgres {

@@ -241,11 +241,13 @@ pub async fn spawn_app(opts: Options) -> TestApp {
 }
 
 impl Drop for TestApp {
-    /// A test that failed leaves its sidecar running; destroying the mock
-    /// cluster under a live consumer can block, which would hang the whole
-    /// test binary. Leak the cluster instead (the process ends soon after).
+    /// A test that failed (or did not stop its sidecar) leaves the sidecar
+    /// running until the runtime drops it; the consumer's close then waits
+    /// for the broker, and destroying the mock cluster first can block it
+    /// forever, hanging the whole test binary (seen: 2026-11-30). Leak the
+    /// cluster instead (the process ends soon after).
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking() || self.app.is_some() {
             if let Some(cluster) = self.kafka.cluster.take() {
                 std::mem::forget(cluster);
             }
