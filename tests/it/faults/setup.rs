@@ -112,12 +112,50 @@ pub async fn settle(t: &TestApp, group: &str, limit: Duration) {
 }
 
 /// Waits until no row is pending (sent and failed rows get no request).
+/// Fails when the pending count has not gone down for `limit`: a backlog
+/// built by a larger `OUTBOX_FAULT_SCALE` may take longer than `limit` to
+/// drain, a stuck row never drains. On failure, says which rows are
+/// pending and what happened to them.
 pub async fn settle_rows(t: &TestApp, limit: Duration) {
-    eventually("every row to be sent or failed", limit, || async move {
-        let stats = t.store.stats().await.ok()?;
-        (stats.pending == 0).then_some(())
-    })
-    .await;
+    let mut deadline = tokio::time::Instant::now() + limit;
+    let mut fewest = u64::MAX;
+    loop {
+        if let Ok(stats) = t.store.stats().await {
+            let pending = u64::try_from(stats.pending).unwrap_or(u64::MAX);
+            if pending == 0 {
+                return;
+            }
+            if pending < fewest {
+                fewest = pending;
+                deadline = tokio::time::Instant::now() + limit;
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let filter = outbox_sidecar::store::ListFilter {
+        status: Some(entity::Status::Pending),
+        event_name: None,
+        limit: Some(10),
+    };
+    let pending = t.store.list(&filter).await.unwrap_or_default();
+    let published = t.feed.published.lock().unwrap().clone();
+    let mut report = String::new();
+    for row in &pending {
+        let events: Vec<String> = published
+            .iter()
+            .filter(|p| p.id == row.id)
+            .map(|p| format!("{}:{:?}/{:?}", p.op, p.status, p.attempts))
+            .collect();
+        let requests: Vec<u16> = t.receiver.for_id(row.id).iter().map(|r| r.status).collect();
+        report.push_str(&format!(
+            "\n  id {} attempts {} created {} updated {}: change events {events:?}, requests {requests:?}",
+            row.id, row.attempts, row.created_at, row.updated_at
+        ));
+    }
+    panic!("no pending row was sent or failed for {limit:?} ({fewest} pending); first 10:{report}");
 }
 
 /// Inserts `n` accounts events whose payload carries `mode` and a number.
