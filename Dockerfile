@@ -1,6 +1,7 @@
 # Build stage. rust:1-bookworm already has what the native dependencies need:
 # rdkafka-sys builds the bundled librdkafka with its ./configure and make and
-# links the system OpenSSL (libssl-dev, pkg-config) and zlib (zlib1g-dev).
+# links the system OpenSSL (libssl-dev, pkg-config) and zlib (zlib1g-dev);
+# libmimalloc-sys compiles the mimalloc allocator with the C compiler.
 FROM rust:1-bookworm AS builder
 WORKDIR /src
 COPY . .
