@@ -1585,45 +1585,42 @@ fn add_scenario(sheet: &mut Sheet, label: &str, o: &ScenarioResult, load: f64, b
     sheet.add(&name("events"), Unit::Count, o.events as f64, load);
 }
 
+const S1: &str = "S1 backlog";
+const S2: &str = "S2 10% fail once";
+
+/// One backlog scenario: run, print, add to the sheet.
+async fn backlog(
+    env: &Env,
+    sheet: &mut Sheet,
+    run: usize,
+    label: &str,
+    fail_tenth: bool,
+) -> Result<ScenarioResult> {
+    eprintln!(
+        "[run {run}] {label}: backlog of {} (load {})",
+        env.opts.events,
+        loadavg_line()
+    );
+    let l = load1();
+    let s = scenario(env, Scenario::Backlog { fail_tenth }, env.opts.events).await?;
+    eprintln!(
+        "[run {run}]   {:.0} events/s, p50 {:.0} ms",
+        s.rate, s.p50_ms
+    );
+    add_scenario(sheet, label, &s, l, true);
+    Ok(s)
+}
+
 async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     let o = &env.opts;
     if o.backlog_only {
         // For comparing changes: scenario 1 alone, no limits, no ratios.
-        let l = load1();
-        let s1 = scenario(env, Scenario::Backlog { fail_tenth: false }, o.events).await?;
-        eprintln!(
-            "[run {run}]   {:.0} events/s, p50 {:.0} ms",
-            s1.rate, s1.p50_ms
-        );
-        add_scenario(sheet, "S1 backlog", &s1, l, true);
+        backlog(env, sheet, run, S1, false).await?;
         return Ok(());
     }
     limits(env, sheet, run).await?;
-
-    eprintln!(
-        "[run {run}] scenario 1: backlog of {} (load {})",
-        o.events,
-        loadavg_line()
-    );
-    let l = load1();
-    let s1 = scenario(env, Scenario::Backlog { fail_tenth: false }, o.events).await?;
-    eprintln!(
-        "[run {run}]   {:.0} events/s, p50 {:.0} ms",
-        s1.rate, s1.p50_ms
-    );
-    add_scenario(sheet, "S1 backlog", &s1, l, true);
-
-    eprintln!(
-        "[run {run}] scenario 2: backlog, 10% refused once (load {})",
-        loadavg_line()
-    );
-    let l = load1();
-    let s2 = scenario(env, Scenario::Backlog { fail_tenth: true }, o.events).await?;
-    eprintln!(
-        "[run {run}]   {:.0} events/s, p50 {:.0} ms",
-        s2.rate, s2.p50_ms
-    );
-    add_scenario(sheet, "S2 10% fail once", &s2, l, true);
+    let s1 = backlog(env, sheet, run, S1, false).await?;
+    backlog(env, sheet, run, S2, true).await?;
 
     let rate = s1.rate / 2.0;
     let n3 = ((rate * o.paced_seconds).round() as usize).max(1);
@@ -1725,8 +1722,9 @@ fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String {
         ),
     );
     let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
-    for label in ["S1 backlog", "S2 10% fail once"] {
-        let rate = m(&format!("{label}: events/s end to end"));
+    let rate_of = |label: &str| m(&format!("{label}: events/s end to end"));
+    for label in [S1, S2] {
+        let rate = rate_of(label);
         line(
             &mut out,
             format!(
@@ -1738,9 +1736,7 @@ fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String {
         );
     }
     line(&mut out, String::new());
-    let s1 = m("S1 backlog: events/s end to end");
-    let s2 = m("S2 10% fail once: events/s end to end");
-    for (label, rate) in [("S1", s1), ("S2", s2)] {
+    for (label, rate) in [("S1", rate_of(S1)), ("S2", rate_of(S2))] {
         line(
             &mut out,
             format!(
@@ -1783,7 +1779,7 @@ fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String {
             show(p99, Unit::Ms)
         ),
     );
-    let rss = m("S1 backlog: peak RSS of the sidecar process (VmHWM)");
+    let rss = m(&format!("{S1}: peak RSS of the sidecar process (VmHWM)"));
     line(
         &mut out,
         format!(
@@ -1793,8 +1789,8 @@ fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String {
             show(rss, Unit::MiB),
         ),
     );
-    let c1 = m("S1 backlog: ready→sent p50, ids never refused");
-    let c2 = m("S2 10% fail once: ready→sent p50, ids never refused");
+    let p50_never_refused = |label: &str| m(&format!("{label}: ready→sent p50, ids never refused"));
+    let (c1, c2) = (p50_never_refused(S1), p50_never_refused(S2));
     line(
         &mut out,
         format!(

@@ -29,14 +29,14 @@ use tracing::{info, warn, Instrument};
 
 use crate::dispatch::{Delivery, Registry};
 use crate::metrics::Metrics;
-use crate::store::batch::{Sent, SentWriter};
+use crate::store::batch::{Sent, StatusWriter};
 use crate::store::{Outcome, Store, StoreError};
 
 /// What a job needs, shared by all jobs.
 pub struct JobContext {
     pub store: Store,
-    /// `mark_sent`, batched across jobs.
-    pub sent_writer: SentWriter,
+    /// `mark_sent` and `register_failure`, batched across jobs.
+    pub status_writer: StatusWriter,
     pub registry: Registry,
     pub metrics: Metrics,
     pub retry_delay: Duration,
@@ -62,7 +62,7 @@ impl JobContext {
         max_in_flight: usize,
     ) -> Self {
         JobContext {
-            sent_writer: SentWriter::spawn(store.clone()),
+            status_writer: StatusWriter::spawn(store.clone()),
             store,
             registry,
             metrics,
@@ -175,7 +175,7 @@ pub async fn run(
             match delivery {
                 Delivery::Delivered { status } => {
                     ctx.metrics.dispatch_total.with_label_values(&[&label, "success"]).inc();
-                    let written = write(&ctx, "sent", || ctx.sent_writer.mark_sent(&row)).await;
+                    let written = write(&ctx, "sent", || ctx.status_writer.mark_sent(&row)).await;
                     return match written {
                         Some(Sent::Applied { .. }) => {
                             ctx.metrics.transitions_total.with_label_values(&[&label, "sent"]).inc();
@@ -195,8 +195,10 @@ pub async fn run(
                 Delivery::Failed { error } => {
                     ctx.metrics.dispatch_total.with_label_values(&[&label, "failure"]).inc();
                     let expected_error = crate::store::truncate_error(&error);
-                    let written =
-                        write(&ctx, "failure", || ctx.store.register_failure(&row, &error)).await;
+                    let written = write(&ctx, "failure", || {
+                        ctx.status_writer.register_failure(&row, &error)
+                    })
+                    .await;
                     let next = match written {
                         Some(Outcome::Applied(next)) => next,
                         Some(Outcome::Conflict(found))

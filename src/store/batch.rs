@@ -1,13 +1,15 @@
-//! Batched `mark_sent`: the one write every successful event needs, made
-//! for many rows in one statement so the sidecar is not capped by one
-//! transaction (one fsync) per event.
+//! Batched status writes: `mark_sent` (every successful event) and
+//! `register_failure` (every failed attempt), made for many rows in one
+//! statement so the sidecar is not capped by one transaction (one fsync)
+//! per event, and failing rows do not slow the rest down.
 //!
-//! Jobs hand their row to [`SentWriter::mark_sent`] and wait for the answer;
-//! the writer task collects what arrives within a short window (or up to
-//! [`MAX_BATCH`] rows) and issues one conditional UPDATE for all of them.
-//! Each row keeps its own condition (`id`, `status = 'pending'`,
+//! Jobs hand their write to [`StatusWriter`] and wait for the answer; the
+//! writer task collects what arrives within a short window (or up to
+//! [`MAX_BATCH`] writes) and issues one conditional UPDATE per kind of
+//! write. Each row keeps its own condition (`id`, `status = 'pending'`,
 //! `attempts`), so the result per row is that of [`Store::mark_sent`]
-//! (as [`Sent`]: an applied write hands back no copy of the row).
+//! (as [`Sent`]: an applied write hands back no copy of the row) or of
+//! [`Store::register_failure`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,18 +18,21 @@ use std::time::Duration;
 use entity::outbox_event::Column;
 use entity::{OutboxEventRow, Status};
 use sea_orm::sea_query::{Alias, Cond, Expr, ExprTrait, Query};
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::{now, Store, StoreError};
+use super::{db_err, failure_values, now, Outcome, Store, StoreError};
 
-/// Rows per statement.
+/// Writes per batch (of both kinds together).
 pub const MAX_BATCH: usize = 256;
-/// How long the first row of a batch waits for company.
+/// How long the first write of a batch waits for company.
 pub const WINDOW: Duration = Duration::from_millis(2);
 /// Batches written at once: one statement's commit (an fsync) overlaps
 /// the next batch's gathering and execution.
 pub const CONCURRENT_STATEMENTS: usize = 4;
+
+const SENT_ACTION: &str = "marking events sent";
+const FAILURE_ACTION: &str = "registering failures";
 
 /// What a batched `mark_sent` found for one row: as [`Outcome`], without
 /// copying rows that the write applied to (the job has them already).
@@ -58,37 +63,73 @@ impl From<&OutboxEventRow> for Key {
     }
 }
 
-type Reply = oneshot::Sender<Result<Sent, StoreError>>;
-
-#[derive(Clone)]
-pub struct SentWriter {
-    tx: mpsc::Sender<(Key, Reply)>,
+/// One failed attempt to register: the row as the job read it and the error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub seen: OutboxEventRow,
+    pub error: String,
 }
 
-impl SentWriter {
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+enum Request {
+    Sent(Key, Reply<Sent>),
+    Failure(Failure, Reply<Outcome>),
+}
+
+/// The batching writer shared by all jobs; cheap to clone.
+#[derive(Clone)]
+pub struct StatusWriter {
+    tx: mpsc::Sender<Request>,
+}
+
+impl StatusWriter {
     /// Starts the writer task; it ends when every handle is dropped.
-    pub fn spawn(store: Store) -> SentWriter {
+    pub fn spawn(store: Store) -> StatusWriter {
         let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
         tokio::spawn(run(store, rx));
-        SentWriter { tx }
+        StatusWriter { tx }
     }
 
     /// As [`Store::mark_sent`], batched with other jobs' writes.
     pub async fn mark_sent(&self, row: &OutboxEventRow) -> Result<Sent, StoreError> {
         let (reply, answer) = oneshot::channel();
-        let closed = || StoreError::Database {
-            action: "marking an event sent",
-            source: sea_orm::DbErr::Custom("the status writer has stopped".into()),
-        };
-        self.tx
-            .send((Key::from(row), reply))
+        self.ask(Request::Sent(Key::from(row), reply), answer, SENT_ACTION)
             .await
-            .map_err(|_| closed())?;
+    }
+
+    /// As [`Store::register_failure`], batched with other jobs' writes.
+    pub async fn register_failure(
+        &self,
+        row: &OutboxEventRow,
+        error: &str,
+    ) -> Result<Outcome, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let failure = Failure {
+            seen: row.clone(),
+            error: error.to_owned(),
+        };
+        self.ask(Request::Failure(failure, reply), answer, FAILURE_ACTION)
+            .await
+    }
+
+    async fn ask<T>(
+        &self,
+        request: Request,
+        answer: oneshot::Receiver<Result<T, StoreError>>,
+        action: &'static str,
+    ) -> Result<T, StoreError> {
+        let closed = || {
+            db_err(action)(sea_orm::DbErr::Custom(
+                "the status writer has stopped".into(),
+            ))
+        };
+        self.tx.send(request).await.map_err(|_| closed())?;
         answer.await.map_err(|_| closed())?
     }
 }
 
-async fn run(store: Store, mut rx: mpsc::Receiver<(Key, Reply)>) {
+async fn run(store: Store, mut rx: mpsc::Receiver<Request>) {
     let statements = Arc::new(Semaphore::new(CONCURRENT_STATEMENTS));
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -99,8 +140,8 @@ async fn run(store: Store, mut rx: mpsc::Receiver<(Key, Reply)>) {
                 _ => break,
             }
         }
-        // While this batch's statement runs, the next batch gathers; at
-        // most CONCURRENT_STATEMENTS run at once (rows of different
+        // While this batch's statements run, the next batch gathers; at
+        // most CONCURRENT_STATEMENTS batches run at once (rows of different
         // batches are distinct: a job waits for its own answer).
         let Ok(permit) = statements.clone().acquire_owned().await else {
             return;
@@ -113,132 +154,270 @@ async fn run(store: Store, mut rx: mpsc::Receiver<(Key, Reply)>) {
     }
 }
 
-async fn write_batch(store: &Store, batch: Vec<(Key, Reply)>) {
-    let keys: Vec<Key> = batch.iter().map(|(k, _)| *k).collect();
-    match mark_sent_many(store, &keys).await {
+async fn write_batch(store: &Store, batch: Vec<Request>) {
+    let mut sent = Vec::new();
+    let mut failed = Vec::new();
+    for request in batch {
+        match request {
+            Request::Sent(key, reply) => sent.push((key, reply)),
+            Request::Failure(failure, reply) => failed.push((failure, reply)),
+        }
+    }
+    let write_sent = async {
+        if sent.is_empty() {
+            return;
+        }
+        let keys: Vec<Key> = sent.iter().map(|(k, _)| *k).collect();
+        let result = mark_sent_many(store, &keys).await;
+        answer(sent, result, |k| k.id, |k| Sent::NotFound(k.id));
+    };
+    let write_failed = async {
+        if failed.is_empty() {
+            return;
+        }
+        let failures: Vec<Failure> = failed.iter().map(|(f, _)| f.clone()).collect();
+        let result = register_failure_many(store, &failures).await;
+        answer(
+            failed,
+            result,
+            |f| f.seen.id,
+            |f| Outcome::NotFound(f.seen.id),
+        );
+    };
+    tokio::join!(write_sent, write_failed);
+}
+
+/// Hands each job its row's outcome, or the batch's error.
+fn answer<W, T>(
+    writes: Vec<(W, Reply<T>)>,
+    result: Result<HashMap<i64, T>, StoreError>,
+    id: impl Fn(&W) -> i64,
+    missing: impl Fn(&W) -> T,
+) {
+    match result {
         Ok(mut outcomes) => {
-            for (key, reply) in batch {
-                let outcome = outcomes.remove(&key.id).unwrap_or(Sent::NotFound(key.id));
+            for (write, reply) in writes {
+                let outcome = outcomes
+                    .remove(&id(&write))
+                    .unwrap_or_else(|| missing(&write));
                 let _ = reply.send(Ok(outcome));
             }
         }
         Err(e) => {
             let message = e.to_string();
-            for (_, reply) in batch {
-                let _ = reply.send(Err(StoreError::Database {
-                    action: "marking events sent",
-                    source: sea_orm::DbErr::Custom(message.clone()),
-                }));
+            let action = match &e {
+                StoreError::Database { action, .. } => action,
+                StoreError::Connect { .. } => "connecting to the database",
+            };
+            for (_, reply) in writes {
+                let source = sea_orm::DbErr::Custom(message.clone());
+                let _ = reply.send(Err(db_err(action)(source)));
             }
         }
     }
 }
 
+/// The table name for raw SQL: a validated identifier (config), quoted anyway.
+fn quoted_table(store: &Store) -> String {
+    format!("\"{}\"", store.table().replace('"', "\"\""))
+}
+
 /// One conditional UPDATE for all `keys` (ids distinct), then, only when
 /// it did not apply to all of them, one read to tell the rows it applied to
 /// (their `sent_at` is this batch's timestamp) from conflicts.
+///
+/// On PostgreSQL the keys are two array parameters joined with `unnest`,
+/// so one statement shape serves every batch size (prepared once per
+/// connection); elsewhere an `OR` of per-row conditions.
 pub async fn mark_sent_many(store: &Store, keys: &[Key]) -> Result<HashMap<i64, Sent>, StoreError> {
     let now = now();
-    if store.backend() == DbBackend::Postgres {
-        return mark_sent_many_pg(store, keys, now).await;
-    }
-    let mut which = Cond::any();
-    for k in keys {
-        which = which.add(
-            Cond::all()
-                .add(Expr::col(Column::Id).eq(k.id))
-                .add(Expr::col(Column::Attempts).eq(k.attempts)),
-        );
-    }
-    let stmt = Query::update()
-        .table(Alias::new(store.table()))
-        .value(Column::Status, Status::Sent.as_str())
-        .value(Column::SentAt, now)
-        .value(Column::UpdatedAt, now)
-        .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
-        // Redundant with `which`, but lets the planner use the primary key
-        // instead of evaluating the OR over the table.
-        .and_where(Expr::col(Column::Id).is_in(keys.iter().map(|k| k.id)))
-        .cond_where(which)
-        .to_owned();
-    let res = store
-        .connection()
-        .execute(&stmt)
-        .await
-        .map_err(|source| StoreError::Database {
-            action: "marking events sent",
-            source,
-        })?;
-    outcomes(store, keys, now, res.rows_affected()).await
-}
-
-/// PostgreSQL: the keys as two array parameters joined with `unnest`, so
-/// one statement shape serves every batch size (prepared once per
-/// connection) instead of a new `OR` of conditions per size.
-async fn mark_sent_many_pg(
-    store: &Store,
-    keys: &[Key],
-    now: chrono::NaiveDateTime,
-) -> Result<HashMap<i64, Sent>, StoreError> {
-    // The table name is a validated identifier (config), quoted anyway.
-    let table = format!("\"{}\"", store.table().replace('"', "\"\""));
-    let sql = format!(
-        "UPDATE {table} AS t SET status = $1, sent_at = $2, updated_at = $2 \
-         FROM unnest($3::bigint[], $4::integer[]) AS k(id, attempts) \
-         WHERE t.id = k.id AND t.attempts = k.attempts AND t.status = $5"
-    );
-    let ids: Vec<i64> = keys.iter().map(|k| k.id).collect();
-    let attempts: Vec<i32> = keys.iter().map(|k| k.attempts).collect();
-    let stmt = Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        sql,
-        [
-            Status::Sent.as_str().into(),
-            now.into(),
-            ids.into(),
-            attempts.into(),
-            Status::Pending.as_str().into(),
-        ],
-    );
+    let backend = store.backend();
+    let stmt = if backend == DbBackend::Postgres {
+        let table = quoted_table(store);
+        let ids: Vec<i64> = keys.iter().map(|k| k.id).collect();
+        let attempts: Vec<i32> = keys.iter().map(|k| k.attempts).collect();
+        Statement::from_sql_and_values(
+            backend,
+            format!(
+                "UPDATE {table} AS t SET status = $1, sent_at = $2, updated_at = $2 \
+                 FROM unnest($3::bigint[], $4::integer[]) AS k(id, attempts) \
+                 WHERE t.id = k.id AND t.attempts = k.attempts AND t.status = $5"
+            ),
+            [
+                Status::Sent.as_str().into(),
+                now.into(),
+                ids.into(),
+                attempts.into(),
+                Status::Pending.as_str().into(),
+            ],
+        )
+    } else {
+        let mut which = Cond::any();
+        for k in keys {
+            which = which.add(
+                Cond::all()
+                    .add(Expr::col(Column::Id).eq(k.id))
+                    .add(Expr::col(Column::Attempts).eq(k.attempts)),
+            );
+        }
+        let update = Query::update()
+            .table(Alias::new(store.table()))
+            .value(Column::Status, Status::Sent.as_str())
+            .value(Column::SentAt, now)
+            .value(Column::UpdatedAt, now)
+            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+            // Redundant with `which`, but lets the planner use the primary
+            // key instead of evaluating the OR over the table.
+            .and_where(Expr::col(Column::Id).is_in(keys.iter().map(|k| k.id)))
+            .cond_where(which)
+            .to_owned();
+        backend.build(&update)
+    };
     let res = store
         .connection()
         .execute_raw(stmt)
         .await
-        .map_err(|source| StoreError::Database {
-            action: "marking events sent",
-            source,
-        })?;
-    outcomes(store, keys, now, res.rows_affected()).await
+        .map_err(db_err(SENT_ACTION))?;
+    let ids: Vec<i64> = keys.iter().map(|k| k.id).collect();
+    let all_applied = res.rows_affected() as usize == keys.len();
+    read_back(
+        store,
+        &ids,
+        all_applied,
+        |_| Sent::Applied { sent_at: now },
+        |found| {
+            if found.status == Status::Sent && found.sent_at == Some(now) {
+                Sent::Applied { sent_at: now }
+            } else {
+                Sent::Conflict(found)
+            }
+        },
+        Sent::NotFound,
+    )
+    .await
 }
 
-/// Each key's outcome: all applied when the statement changed as many rows
-/// as it had keys; otherwise read back to tell ours (sent at `now`) from
-/// conflicts.
-async fn outcomes(
+/// `register_failure` for many rows (ids distinct): each row gets one more
+/// attempt, its error and its next status, only while it is still as its
+/// job read it.
+///
+/// On PostgreSQL one UPDATE joined with `unnest` of four arrays (id,
+/// attempts, next status, error), then a read only when it did not apply to
+/// all rows. Elsewhere one conditional UPDATE per row, all in one
+/// transaction (one commit for the batch).
+pub async fn register_failure_many(
     store: &Store,
-    keys: &[Key],
-    now: chrono::NaiveDateTime,
-    rows_affected: u64,
-) -> Result<HashMap<i64, Sent>, StoreError> {
-    let mut outcomes = HashMap::with_capacity(keys.len());
-    if rows_affected as usize == keys.len() {
-        for k in keys {
-            outcomes.insert(k.id, Sent::Applied { sent_at: now });
+    failures: &[Failure],
+) -> Result<HashMap<i64, Outcome>, StoreError> {
+    let now = now();
+    let nexts: HashMap<i64, OutboxEventRow> = failures
+        .iter()
+        .map(|f| (f.seen.id, store.after_failure(&f.seen, &f.error, now)))
+        .collect();
+    let ids: Vec<i64> = failures.iter().map(|f| f.seen.id).collect();
+    let all_applied = if store.backend() == DbBackend::Postgres {
+        let table = quoted_table(store);
+        let attempts: Vec<i32> = failures.iter().map(|f| f.seen.attempts).collect();
+        let statuses: Vec<String> = ids
+            .iter()
+            .map(|id| nexts[id].status.as_str().to_owned())
+            .collect();
+        let errors: Vec<String> = ids
+            .iter()
+            .map(|id| nexts[id].last_error.clone().unwrap_or_default())
+            .collect();
+        let stmt = Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            format!(
+                "UPDATE {table} AS t SET status = k.status, attempts = k.attempts + 1, \
+                 last_error = k.error, updated_at = $1 \
+                 FROM unnest($2::bigint[], $3::integer[], $4::text[], $5::text[]) \
+                 AS k(id, attempts, status, error) \
+                 WHERE t.id = k.id AND t.attempts = k.attempts AND t.status = $6"
+            ),
+            [
+                now.into(),
+                ids.clone().into(),
+                attempts.into(),
+                statuses.into(),
+                errors.into(),
+                Status::Pending.as_str().into(),
+            ],
+        );
+        let res = store
+            .connection()
+            .execute_raw(stmt)
+            .await
+            .map_err(db_err(FAILURE_ACTION))?;
+        res.rows_affected() as usize == failures.len()
+    } else {
+        let txn = store
+            .connection()
+            .begin()
+            .await
+            .map_err(db_err(FAILURE_ACTION))?;
+        let mut applied = 0;
+        for f in failures {
+            let stmt = store.step_statement(&f.seen, failure_values(&nexts[&f.seen.id]));
+            let res = txn.execute(&stmt).await.map_err(db_err(FAILURE_ACTION))?;
+            applied += res.rows_affected() as usize;
+        }
+        txn.commit().await.map_err(db_err(FAILURE_ACTION))?;
+        applied == failures.len()
+    };
+    read_back(
+        store,
+        &ids,
+        all_applied,
+        |id| Outcome::Applied(nexts[&id].clone()),
+        |found| {
+            // Ours: the row holds exactly what this batch wrote.
+            let next = &nexts[&found.id];
+            let ours = (
+                found.status,
+                found.attempts,
+                &found.last_error,
+                found.updated_at,
+            ) == (
+                next.status,
+                next.attempts,
+                &next.last_error,
+                next.updated_at,
+            );
+            if ours {
+                Outcome::Applied(found)
+            } else {
+                Outcome::Conflict(found)
+            }
+        },
+        Outcome::NotFound,
+    )
+    .await
+}
+
+/// Each id's outcome: `ours(id)` for all when the write applied to every
+/// row (no read); otherwise the rows are read back and each is judged as
+/// found, `missing(id)` where there is no row.
+async fn read_back<T>(
+    store: &Store,
+    ids: &[i64],
+    all_applied: bool,
+    ours: impl Fn(i64) -> T,
+    judge: impl Fn(OutboxEventRow) -> T,
+    missing: impl Fn(i64) -> T,
+) -> Result<HashMap<i64, T>, StoreError> {
+    let mut outcomes = HashMap::with_capacity(ids.len());
+    if all_applied {
+        for &id in ids {
+            outcomes.insert(id, ours(id));
         }
         return Ok(outcomes);
     }
-    let ids: Vec<i64> = keys.iter().map(|k| k.id).collect();
-    for found in store.get_many(&ids).await? {
-        let id = found.id;
-        let outcome = if found.status == Status::Sent && found.sent_at == Some(now) {
-            Sent::Applied { sent_at: now }
-        } else {
-            Sent::Conflict(found)
-        };
-        outcomes.insert(id, outcome);
+    for found in store.get_many(ids).await? {
+        outcomes.insert(found.id, judge(found));
     }
-    for id in ids {
-        outcomes.entry(id).or_insert(Sent::NotFound(id));
+    for &id in ids {
+        outcomes.entry(id).or_insert_with(|| missing(id));
     }
     Ok(outcomes)
 }

@@ -39,7 +39,7 @@ pub enum StoreError {
     Connect { url: String, message: String },
 }
 
-fn db_err(action: &'static str) -> impl FnOnce(DbErr) -> StoreError {
+pub(crate) fn db_err(action: &'static str) -> impl FnOnce(DbErr) -> StoreError {
     move |source| StoreError::Database { action, source }
 }
 
@@ -316,19 +316,24 @@ impl Store {
         seen: &OutboxEventRow,
         error: &str,
     ) -> Result<Outcome, StoreError> {
-        let now = now();
+        let next = self.after_failure(seen, error, now());
+        let values = failure_values(&next);
+        self.step(seen, next, values, "registering a failure").await
+    }
+
+    /// The row after a failed attempt of `seen`, written at `now`.
+    pub(crate) fn after_failure(
+        &self,
+        seen: &OutboxEventRow,
+        error: &str,
+        now: NaiveDateTime,
+    ) -> OutboxEventRow {
         let mut next = seen.clone();
         next.attempts = seen.attempts + 1;
         next.status = next_status_after_failure(next.attempts, self.max_attempts);
         next.last_error = Some(truncate_error(error));
         next.updated_at = now;
-        let values = [
-            (Column::Status, next.status.as_str().into()),
-            (Column::Attempts, next.attempts.into()),
-            (Column::LastError, next.last_error.clone().into()),
-            (Column::UpdatedAt, now.into()),
-        ];
-        self.step(seen, next, values, "registering a failure").await
+        next
     }
 
     /// One transition of a pending row: `values` are written only while the
@@ -340,17 +345,27 @@ impl Store {
         values: impl IntoIterator<Item = (Column, sea_orm::Value)>,
         action: &'static str,
     ) -> Result<Outcome, StoreError> {
-        let mut stmt = Query::update();
-        stmt.table(self.tbl())
-            .values(values.into_iter().map(|(c, v)| (c, Expr::val(v))))
-            .and_where(Expr::col(Column::Id).eq(seen.id))
-            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
-            .and_where(Expr::col(Column::Attempts).eq(seen.attempts));
+        let stmt = self.step_statement(seen, values);
         let res = self.db.execute(&stmt).await.map_err(db_err(action))?;
         if res.rows_affected() == 1 {
             return Ok(Outcome::Applied(next));
         }
         self.conflict(seen.id).await
+    }
+
+    /// The conditional UPDATE of [`Store::step`].
+    pub(crate) fn step_statement(
+        &self,
+        seen: &OutboxEventRow,
+        values: impl IntoIterator<Item = (Column, sea_orm::Value)>,
+    ) -> UpdateStatement {
+        Query::update()
+            .table(self.tbl())
+            .values(values.into_iter().map(|(c, v)| (c, Expr::val(v))))
+            .and_where(Expr::col(Column::Id).eq(seen.id))
+            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+            .and_where(Expr::col(Column::Attempts).eq(seen.attempts))
+            .to_owned()
     }
 
     /// The resend's write: `failed` → `pending`, 0 attempts, no error.
@@ -451,6 +466,16 @@ fn oldest(row: &QueryResult) -> Option<NaiveDateTime> {
     row.try_get::<Option<NaiveDateTime>>("", "oldest")
         .ok()
         .flatten()
+}
+
+/// The columns a failure writes, as they are in `next`.
+pub(crate) fn failure_values(next: &OutboxEventRow) -> [(Column, sea_orm::Value); 4] {
+    [
+        (Column::Status, next.status.as_str().into()),
+        (Column::Attempts, next.attempts.into()),
+        (Column::LastError, next.last_error.clone().into()),
+        (Column::UpdatedAt, next.updated_at.into()),
+    ]
 }
 
 /// The decision table's status column for a failure that brings the

@@ -52,6 +52,15 @@ fn fail_first(n: usize) -> impl Fn(&crate::harness::receiver::Received) -> Respo
     }
 }
 
+/// The row as its first failure left it (attempts = 1).
+async fn first_failure(t: &crate::harness::TestApp, id: i64) -> entity::OutboxEventRow {
+    crate::harness::eventually("the first failure", T, || async {
+        let row = t.store.get(id).await.ok()??;
+        (row.attempts == 1).then_some(row)
+    })
+    .await
+}
+
 fn assert_spacing(reqs: &[crate::harness::receiver::Received], delay: Duration) {
     for pair in reqs.windows(2) {
         let gap = (pair[1].at - pair[0].at).to_std().unwrap();
@@ -309,11 +318,7 @@ async fn restart_during_retry_wait_resumes_at_updated_at_plus_delay() {
     };
     let mut t = spawn_app_with(opts, receiver).await;
     let id = t.insert("accounts.purchase_create", json!({})).await;
-    let failed_once = crate::harness::eventually("the first failure", T, || async {
-        let row = t.store.get(id).await.ok()??;
-        (row.attempts == 1).then_some(row)
-    })
-    .await;
+    let failed_once = first_failure(&t, id).await;
     // Stopped in the middle of the retry wait: the job is cancelled, its
     // message left uncommitted.
     t.stop().await;
@@ -506,11 +511,7 @@ async fn a_row_waiting_for_its_retry_does_not_hold_the_in_flight_slot() {
     };
     let t = spawn_app_with(opts, receiver).await;
     let refused = t.insert("accounts.purchase_create", json!({"n": 1})).await;
-    let failed_once = crate::harness::eventually("the first failure", T, || async {
-        let row = t.store.get(refused).await.ok()??;
-        (row.attempts == 1).then_some(row)
-    })
-    .await;
+    let failed_once = first_failure(&t, refused).await;
     let fresh = t.insert("accounts.purchase_create", json!({"n": 2})).await;
     let sent = t.wait_status(fresh, Status::Sent, T).await;
     let retry_due = failed_once.updated_at + chrono::Duration::seconds(3);

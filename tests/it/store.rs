@@ -294,10 +294,12 @@ on_every_backend!(
 );
 
 mod batched {
-    //! `mark_sent` batched across jobs gives each row what the single-row
-    //! write would.
+    //! `mark_sent` and `register_failure` batched across jobs give each row
+    //! what the single-row write would.
     use super::*;
-    use outbox_sidecar::store::batch::{mark_sent_many, Key, Sent, SentWriter};
+    use outbox_sidecar::store::batch::{
+        mark_sent_many, register_failure_many, Failure, Key, Sent, StatusWriter,
+    };
 
     async fn applies_and_reports_conflicts(backend: Backend) {
         let db = TestDb::new(backend).await;
@@ -340,7 +342,7 @@ mod batched {
     async fn writer_batches_concurrent_jobs(backend: Backend) {
         let db = TestDb::new(backend).await;
         let store = db.store(3).await;
-        let writer = SentWriter::spawn(store.clone());
+        let writer = StatusWriter::spawn(store.clone());
         let mut rows = Vec::new();
         for _ in 0..40 {
             rows.push(pending(&store).await);
@@ -363,7 +365,125 @@ mod batched {
         assert!(matches!(again, Sent::Conflict(r) if r.status == Status::Sent));
     }
 
+    async fn failures_apply_and_report_conflicts(backend: Backend) {
+        let db = TestDb::new(backend).await;
+        let store = db.store(3).await;
+        let fresh = pending(&store).await;
+        let last_try = with_attempts(&store, 2).await;
+        let stale = pending(&store).await;
+        let moved_on = applied(store.register_failure(&stale, "HTTP 500").await.unwrap());
+        let mut ghost = fresh.clone();
+        ghost.id = 888_888;
+        let long = "é".repeat(2000);
+        let failures: Vec<Failure> = [
+            (&fresh, "HTTP 503"),
+            (&last_try, long.as_str()),
+            (&stale, "HTTP 502"),
+            (&ghost, "HTTP 500"),
+        ]
+        .into_iter()
+        .map(|(row, error)| Failure {
+            seen: row.clone(),
+            error: error.to_owned(),
+        })
+        .collect();
+        let outcomes = register_failure_many(&store, &failures).await.unwrap();
+
+        let stored = store.get(fresh.id).await.unwrap().unwrap();
+        assert_eq!(outcomes[&fresh.id], Outcome::Applied(stored.clone()));
+        assert_eq!(
+            (stored.status, stored.attempts, stored.last_error.as_deref()),
+            (Status::Pending, 1, Some("HTTP 503")),
+            "below max_attempts the row stays pending"
+        );
+        assert!(stored.updated_at > fresh.updated_at, "updated_at moves on");
+
+        let stored = store.get(last_try.id).await.unwrap().unwrap();
+        assert_eq!(outcomes[&last_try.id], Outcome::Applied(stored.clone()));
+        assert_eq!((stored.status, stored.attempts), (Status::Failed, 3));
+        let err = stored.last_error.unwrap();
+        assert!(err.len() <= MAX_LAST_ERROR_BYTES && err.starts_with("éé"));
+
+        assert_eq!(
+            outcomes[&stale.id],
+            Outcome::Conflict(moved_on.clone()),
+            "computed from a stale state"
+        );
+        assert_eq!(store.get(stale.id).await.unwrap().unwrap(), moved_on);
+        assert_eq!(outcomes[&888_888], Outcome::NotFound(888_888));
+
+        // All applied (the path without a read back): same answers.
+        let fresh_again = store.get(fresh.id).await.unwrap().unwrap();
+        let one = [Failure {
+            seen: fresh_again.clone(),
+            error: "HTTP 504".into(),
+        }];
+        let outcomes = register_failure_many(&store, &one).await.unwrap();
+        let stored = store.get(fresh.id).await.unwrap().unwrap();
+        assert_eq!(outcomes[&fresh.id], Outcome::Applied(stored.clone()));
+        assert_eq!((stored.attempts, stored.status), (2, Status::Pending));
+    }
+
+    async fn writer_batches_failures_and_successes(backend: Backend) {
+        let db = TestDb::new(backend).await;
+        let store = db.store(3).await;
+        let writer = StatusWriter::spawn(store.clone());
+        let mut rows = Vec::new();
+        for _ in 0..30 {
+            rows.push(pending(&store).await);
+        }
+        // Every other row fails, the rest succeed, all at once.
+        let writes = rows.iter().enumerate().map(|(i, row)| {
+            let writer = writer.clone();
+            async move {
+                if i % 2 == 0 {
+                    writer
+                        .register_failure(row, &format!("HTTP 500 for {}", row.id))
+                        .await
+                        .map(|o| (Some(o), None))
+                } else {
+                    writer.mark_sent(row).await.map(|s| (None, Some(s)))
+                }
+            }
+        });
+        let results = futures::future::join_all(writes).await;
+        for (row, result) in rows.iter().zip(results) {
+            let stored = store.get(row.id).await.unwrap().unwrap();
+            match result.unwrap() {
+                (Some(outcome), None) => {
+                    assert_eq!(outcome, Outcome::Applied(stored.clone()));
+                    assert_eq!(stored.attempts, 1);
+                    let expected = format!("HTTP 500 for {}", row.id);
+                    assert_eq!(stored.last_error.as_deref(), Some(expected.as_str()));
+                }
+                (None, Some(sent)) => {
+                    assert_eq!(
+                        sent,
+                        Sent::Applied {
+                            sent_at: stored.sent_at.unwrap()
+                        }
+                    );
+                    assert_eq!(stored.status, Status::Sent);
+                }
+                other => panic!("row {}: {other:?}", row.id),
+            }
+        }
+        let stats = store.stats().await.unwrap();
+        assert_eq!((stats.sent, stats.pending), (15, 15));
+        // A failure computed from a row that has moved on is a conflict.
+        let again = writer.register_failure(&rows[0], "late").await.unwrap();
+        assert!(matches!(again, Outcome::Conflict(r) if r.attempts == 1));
+    }
+
     mod postgres {
+        #[tokio::test]
+        async fn failures_apply_and_report_conflicts() {
+            super::failures_apply_and_report_conflicts(super::Backend::Postgres).await
+        }
+        #[tokio::test]
+        async fn writer_batches_failures_and_successes() {
+            super::writer_batches_failures_and_successes(super::Backend::Postgres).await
+        }
         #[tokio::test]
         async fn applies_and_reports_conflicts() {
             super::applies_and_reports_conflicts(super::Backend::Postgres).await
@@ -375,6 +495,14 @@ mod batched {
     }
     mod mariadb {
         #[tokio::test]
+        async fn failures_apply_and_report_conflicts() {
+            super::failures_apply_and_report_conflicts(super::Backend::MySql).await
+        }
+        #[tokio::test]
+        async fn writer_batches_failures_and_successes() {
+            super::writer_batches_failures_and_successes(super::Backend::MySql).await
+        }
+        #[tokio::test]
         async fn applies_and_reports_conflicts() {
             super::applies_and_reports_conflicts(super::Backend::MySql).await
         }
@@ -384,6 +512,14 @@ mod batched {
         }
     }
     mod sqlite {
+        #[tokio::test]
+        async fn failures_apply_and_report_conflicts() {
+            super::failures_apply_and_report_conflicts(super::Backend::Sqlite).await
+        }
+        #[tokio::test]
+        async fn writer_batches_failures_and_successes() {
+            super::writer_batches_failures_and_successes(super::Backend::Sqlite).await
+        }
         #[tokio::test]
         async fn applies_and_reports_conflicts() {
             super::applies_and_reports_conflicts(super::Backend::Sqlite).await
