@@ -11,14 +11,20 @@
 //! and before a POST. A POST that started is always followed by its status
 //! write, retried with backoff on database errors and never by a re-send.
 //!
+//! A job runs under its partition's [`Lease`]: when the partition is
+//! revoked the lease is cancelled, and the revoke waits (up to the drain
+//! timeout) for the jobs that are sending or writing to write their
+//! status, so the partition's next owner finds their rows already decided
+//! and does not send them again.
+//!
 //! The in-flight limit (`dispatch.max_in_flight`) counts jobs that are
 //! sending or writing: a job holds one of [`JobContext::slots`] from just
 //! before its POST until its status is written, and gives it back while it
 //! waits for its next attempt, so rows waiting out `retry_delay` do not
 //! hold back fresh events (the consumer bounds how many jobs may wait).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use entity::{OutboxEventRow, Status};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -80,6 +86,85 @@ impl JobContext {
     }
 }
 
+/// A partition's hold on the jobs it started: cancelled when the partition
+/// is revoked or the sidecar stops; counts the jobs between the start of a
+/// POST and its status write, which a revoke waits for.
+#[derive(Debug, Default)]
+pub struct Lease {
+    cancel: CancellationToken,
+    busy: Mutex<usize>,
+    idle: Condvar,
+}
+
+impl Lease {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await
+    }
+
+    /// Marks a POST and its status write as under way, unless the lease is
+    /// cancelled: checked under the same lock a revoke waits on, so a
+    /// POST either starts before the revoke (and is waited for) or not at
+    /// all.
+    pub fn enter(&self) -> Option<Busy<'_>> {
+        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        if self.cancel.is_cancelled() {
+            return None;
+        }
+        *busy += 1;
+        Some(Busy(self))
+    }
+
+    /// How many POSTs (or their status writes) are under way.
+    pub fn busy(&self) -> usize {
+        *self.busy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Cancels the lease, then blocks the calling thread until no POST is
+    /// under way or `limit` has passed; returns how many still are.
+    pub fn revoke_and_wait(&self, limit: Duration) -> usize {
+        self.cancel();
+        let deadline = Instant::now() + limit;
+        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        while *busy > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            busy = self
+                .idle
+                .wait_timeout(busy, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *busy
+    }
+}
+
+/// A POST and its status write under way, counted by its [`Lease`].
+pub struct Busy<'a>(&'a Lease);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let mut busy = self.0.busy.lock().unwrap_or_else(|e| e.into_inner());
+        *busy -= 1;
+        if *busy == 0 {
+            self.0.idle.notify_all();
+        }
+    }
+}
+
 /// Counts a job as waiting while it lives.
 struct Waiting<'a>(&'a JobContext);
 
@@ -128,11 +213,7 @@ pub fn due_at(row: &OutboxEventRow, retry_delay: Duration) -> Option<chrono::Nai
     row.updated_at.checked_add_signed(delay)
 }
 
-pub async fn run(
-    ctx: Arc<JobContext>,
-    mut row: OutboxEventRow,
-    cancel: CancellationToken,
-) -> JobEnd {
+pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease>) -> JobEnd {
     let span = tracing::info_span!(
         "event",
         id = row.id,
@@ -146,21 +227,24 @@ pub async fn run(
                 let wait = (due - crate::store::now()).to_std().unwrap_or(Duration::ZERO);
                 let _waiting = Waiting::new(&ctx);
                 tokio::select! {
-                    _ = cancel.cancelled() => return JobEnd::Cancelled,
+                    _ = lease.cancelled() => return JobEnd::Cancelled,
                     _ = tokio::time::sleep(wait) => {}
                 }
             }
-            if cancel.is_cancelled() {
+            if lease.is_cancelled() {
                 return JobEnd::Cancelled;
             }
-            // Held until this attempt's status is written.
+            // Both held until this attempt's status is written.
             let _slot = tokio::select! {
                 biased;
-                _ = cancel.cancelled() => return JobEnd::Cancelled,
+                _ = lease.cancelled() => return JobEnd::Cancelled,
                 permit = ctx.slots.acquire() => match permit {
                     Ok(p) => Slot::new(p, &ctx.metrics),
                     Err(_) => return JobEnd::Cancelled,
                 },
+            };
+            let Some(_busy) = lease.enter() else {
+                return JobEnd::Cancelled;
             };
             let attempt = row.attempts + 1;
             event_span.record("attempt", attempt);
@@ -276,5 +360,44 @@ where
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancelled_lease_starts_no_post() {
+        let lease = Lease::new();
+        let busy = lease.enter().expect("not cancelled yet");
+        assert_eq!(lease.busy(), 1);
+        lease.cancel();
+        assert!(lease.enter().is_none(), "no POST starts after the revoke");
+        drop(busy);
+        assert_eq!(lease.busy(), 0);
+    }
+
+    #[test]
+    fn a_revoke_waits_for_the_posts_under_way() {
+        let lease = Arc::new(Lease::new());
+        let (entered, wait_entered) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let worker = {
+            let lease = lease.clone();
+            std::thread::spawn(move || {
+                let busy = lease.enter().expect("entered");
+                entered.send(()).unwrap();
+                released.recv().unwrap();
+                drop(busy);
+            })
+        };
+        wait_entered.recv().unwrap();
+        // Not released: the wait ends at its limit with the POST counted.
+        assert_eq!(lease.revoke_and_wait(Duration::from_millis(50)), 1);
+        release.send(()).unwrap();
+        // Released: the wait ends when the POST's status is written.
+        assert_eq!(lease.revoke_and_wait(Duration::from_secs(30)), 0);
+        worker.join().unwrap();
     }
 }

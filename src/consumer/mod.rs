@@ -14,14 +14,18 @@
 //!   queue; past a high mark the loop stops taking
 //!   messages and, if that lasts, pauses the assigned partitions;
 //! - offsets are stored as they advance (auto-commit sends them) and
-//!   committed synchronously at shutdown.
+//!   committed synchronously at shutdown;
+//! - a revoke (in librdkafka's callback, before the partitions are given
+//!   up) cancels the partitions' jobs and waits, up to the drain timeout,
+//!   for the POSTs already under way to write their status, so the next
+//!   owner does not send them again.
 
 pub mod offsets;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::{
@@ -38,7 +42,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::cdc::{Decision, Decoder, Record};
 use crate::config::KafkaSettings;
-use crate::job::{self, JobContext, JobEnd};
+use crate::job::{self, JobContext, JobEnd, Lease};
 use crate::metrics::Metrics;
 use offsets::PartitionOffsets;
 
@@ -71,10 +75,19 @@ enum GroupEvent {
     Revoke(Vec<i32>),
 }
 
+/// The leases of the assigned partitions, shared with the rebalance callback.
+type Leases = Arc<Mutex<HashMap<i32, Arc<Lease>>>>;
+
 struct SidecarContext {
     topic: String,
     events: mpsc::UnboundedSender<GroupEvent>,
     metrics: Metrics,
+    leases: Leases,
+    /// How long a revoke waits for POSTs under way (the drain timeout).
+    hold_limit: Duration,
+    /// Set once the pipeline stops: its drain has waited for the jobs, so
+    /// the revokes of the consumer's close do not wait again.
+    closing: Arc<AtomicBool>,
 }
 
 impl SidecarContext {
@@ -84,6 +97,57 @@ impl SidecarContext {
             .filter(|e| e.topic() == self.topic)
             .map(|e| e.partition())
             .collect()
+    }
+
+    /// Cancels the jobs of the revoked partitions and blocks the poll that
+    /// delivers the revoke until the POSTs they have under way wrote their
+    /// status, or `hold_limit` passed. Until then librdkafka does not give
+    /// the partitions up, so the next owner reads those rows decided.
+    fn finish_running_posts(&self, parts: &[i32]) {
+        let leases: Vec<Arc<Lease>> = {
+            let map = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+            parts.iter().filter_map(|p| map.get(p).cloned()).collect()
+        };
+        // All cancelled first: none starts a POST while another is waited for.
+        for lease in &leases {
+            lease.cancel();
+        }
+        let busy: usize = leases.iter().map(|l| l.busy()).sum();
+        if busy == 0 || self.closing.load(Ordering::Relaxed) {
+            return;
+        }
+        // Waiting blocks this thread; the jobs must run on others.
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if !multi_thread {
+            warn!(
+                requests = busy,
+                "partitions revoked with requests in flight; not waiting for them (single-threaded runtime)"
+            );
+            return;
+        }
+        info!(
+            partitions = ?parts,
+            requests = busy,
+            "partitions revoked: waiting for the requests in flight to write their status"
+        );
+        let started = Instant::now();
+        let deadline = started + self.hold_limit;
+        let left: usize = tokio::task::block_in_place(|| {
+            leases
+                .iter()
+                .map(|l| l.revoke_and_wait(deadline.saturating_duration_since(Instant::now())))
+                .sum()
+        });
+        if left > 0 {
+            warn!(
+                requests = left,
+                waited = ?started.elapsed(),
+                "revoke: requests still in flight after the drain timeout; the next owner may send them again"
+            );
+        } else {
+            info!(waited = ?started.elapsed(), "revoke: requests in flight finished; partitions given up");
+        }
     }
 }
 
@@ -112,6 +176,7 @@ impl ConsumerContext for SidecarContext {
                     .consumer_lag
                     .remove_label_values(&[&p.to_string()]);
             }
+            self.finish_running_posts(&parts);
             let _ = self.events.send(GroupEvent::Revoke(parts));
         }
     }
@@ -166,7 +231,7 @@ struct Pos {
 struct PartitionState {
     generation: u64,
     offsets: PartitionOffsets,
-    cancel: CancellationToken,
+    lease: Arc<Lease>,
 }
 
 struct Running {
@@ -190,6 +255,16 @@ pub struct Pipeline {
     dead_letter: Option<(FutureProducer, String)>,
     health: Arc<ConsumerHealth>,
     drain_timeout: Duration,
+    leases: Leases,
+    closing: Arc<AtomicBool>,
+}
+
+impl Drop for Pipeline {
+    /// Runs before the consumer is closed (also when the pipeline's task
+    /// is dropped without draining): the close's revoke must not wait.
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Pipeline {
@@ -202,10 +277,15 @@ impl Pipeline {
         health: Arc<ConsumerHealth>,
     ) -> Result<Self, ConsumerError> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let leases = Leases::default();
+        let closing = Arc::new(AtomicBool::new(false));
         let context = SidecarContext {
             topic: settings.topic.clone(),
             events: tx,
             metrics: ctx.metrics.clone(),
+            leases: leases.clone(),
+            hold_limit: drain_timeout,
+            closing: closing.clone(),
         };
         let consumer: StreamConsumer<SidecarContext> = client_config(settings)
             .create_with_context(context)
@@ -238,6 +318,8 @@ impl Pipeline {
             dead_letter,
             health,
             drain_timeout,
+            leases,
+            closing,
         })
     }
 
@@ -383,9 +465,10 @@ impl Pipeline {
 
     async fn drain(self, mut st: LoopState, mut done_rx: mpsc::UnboundedReceiver<JobDone>) {
         self.health.draining.store(true, Ordering::Relaxed);
+        self.closing.store(true, Ordering::Relaxed);
         info!(running = st.running.len(), "draining");
         for p in st.partitions.values() {
-            p.cancel.cancel();
+            p.lease.cancel();
         }
         st.ready.clear();
         st.deferred.clear();
@@ -498,12 +581,17 @@ impl LoopState {
                 for p in parts {
                     let generation = self.next_generation;
                     self.next_generation += 1;
+                    let lease = Arc::new(Lease::new());
+                    pl.leases
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(p, lease.clone());
                     self.partitions.insert(
                         p,
                         PartitionState {
                             generation,
                             offsets: PartitionOffsets::default(),
-                            cancel: CancellationToken::new(),
+                            lease,
                         },
                     );
                     info!(partition = p, "partition assigned");
@@ -518,8 +606,12 @@ impl LoopState {
             }
             GroupEvent::Revoke(parts) => {
                 for p in parts {
+                    pl.leases
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&p);
                     if let Some(state) = self.partitions.remove(&p) {
-                        state.cancel.cancel();
+                        state.lease.cancel();
                         info!(
                             partition = p,
                             unfinished = state.offsets.unfinished(),
@@ -696,7 +788,7 @@ impl LoopState {
         let Some(state) = self.partitions.get(&pos.partition) else {
             return;
         };
-        let cancel = state.cancel.clone();
+        let lease = state.lease.clone();
         let serial = self.next_serial;
         self.next_serial += 1;
         let id = row.id;
@@ -704,7 +796,7 @@ impl LoopState {
         let ctx = pl.ctx.clone();
         let tx = self.done_tx.clone();
         tokio::spawn(async move {
-            let end = job::run(ctx, row, cancel).await;
+            let end = job::run(ctx, row, lease).await;
             let _ = tx.send(JobDone {
                 id,
                 serial,

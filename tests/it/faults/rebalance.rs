@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use entity::Status;
 use outbox_sidecar::store::now;
 use serde_json::json;
 use wiremock::ResponseTemplate;
 
-use super::check::{check, Spec};
+use super::check::{all_rows, check, Spec};
 use super::setup::{prepare, scale, settle, start_with, T};
 use crate::harness::{eventually, receiver, Options, Receiver};
 
@@ -84,10 +85,10 @@ async fn two_then_three_members_with_one_bouncing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partition_revoked_during_a_post() {
-    // Long enough that the second member is in (a join can take several
-    // seconds on a loaded 2-core machine) before the first POST ends.
-    const POST: Duration = Duration::from_secs(25);
+async fn partition_revoked_during_a_post_is_given_up_after_its_status_write() {
+    // Long enough that the second member's join begins (a start takes a
+    // few seconds on a loaded 2-core machine) before the first POST ends.
+    const POST: Duration = Duration::from_secs(12);
     let receiver = Receiver::start(|_| receiver::slow(200, POST)).await;
     let opts = Options {
         partitions: 2,
@@ -97,6 +98,16 @@ async fn partition_revoked_during_a_post() {
     let settings = || {
         let mut s = t.settings(&t.group);
         s.dispatchers.get_mut("accounts").unwrap().timeout = Duration::from_secs(40);
+        // The revoke waits for POSTs under way up to the drain timeout.
+        s.shutdown.drain_timeout = Duration::from_secs(40);
+        // Kafka lets a member finish its revoke for the rebalance timeout
+        // (max.poll.interval.ms, 300 s by default); the mock cluster only
+        // for session.timeout.ms − 1 s (the tests' 6 s), after which it
+        // completes the rebalance without the member. Give the mock the
+        // room Kafka gives.
+        s.kafka
+            .properties
+            .insert("session.timeout.ms".into(), "30000".into());
         s
     };
     let first = start_with(settings()).await;
@@ -111,22 +122,39 @@ async fn partition_revoked_during_a_post() {
     let first_post = t.receiver.requests()[0].at;
     // A second member joins: the eager rebalance revokes every partition
     // of the first while its POSTs are still waiting for their answers.
-    let second = start_with(settings()).await;
-    let revoked = now();
+    let joining = now();
     assert!(
-        revoked < first_post + chrono::Duration::from_std(POST).unwrap(),
-        "the rebalance ended after the POSTs: it did not revoke during them"
+        joining < first_post + chrono::Duration::from_std(POST).unwrap(),
+        "the second member started after the POSTs ended: no revoke during them"
+    );
+    let second = start_with(settings()).await;
+    // The second member is assigned only once the first gave its
+    // partitions up, which it does only after its POSTs wrote their status.
+    let at_assignment = all_rows(&t).await;
+    let undecided: Vec<_> = at_assignment
+        .iter()
+        .filter(|r| r.status != Status::Sent)
+        .map(|r| (r.id, r.status))
+        .collect();
+    assert!(
+        undecided.is_empty(),
+        "the partitions changed hands while POSTs were in flight: rows not yet sent {undecided:?}"
     );
     settle(&t, &t.group, T).await;
     second.stop().await;
     first.stop().await;
     let mut spec = Spec::new("partition revoked during a POST", &t);
     spec.faults = 1;
-    spec.disruptions = vec![revoked];
+    spec.disruptions = vec![joining];
     spec.per_disruption = t.opts.max_in_flight;
     let figures = check(&t, &spec).await;
     println!(
         "faults revoke during POST: {} of {n} in-flight events sent twice by the new owner",
         figures.duplicates
+    );
+    assert_eq!(
+        (figures.duplicates, t.receiver.requests().len()),
+        (0, n),
+        "the new owner sent events the old owner had in flight"
     );
 }

@@ -211,6 +211,11 @@ drain_timeout = "5s"
 /// A `TestApp` on `kafka` with its own database, topic, feed and
 /// receiver; the sidecar not started yet.
 pub async fn prepare_on(kafka: Kafka, opts: Options, receiver: Receiver) -> TestApp {
+    // `RUST_LOG=outbox_sidecar=debug cargo test … -- --nocapture` shows the
+    // sidecars' logs.
+    if std::env::var_os("RUST_LOG").is_some() {
+        outbox_sidecar::telemetry::init_logging(&Default::default());
+    }
     let db = TestDb::postgres().await;
     let store = db.store(opts.max_attempts).await;
     let topic = unique("outbox");
