@@ -70,10 +70,7 @@ level = "debug"
         .spawn()
         .unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    eventually("the child to be ready", T, || async {
-        (reqwest::get(format!("{base}/readyz")).await.ok()?.status() == 200).then_some(())
-    })
-    .await;
+    crate::harness::wait_ready("the child to be ready", &base, T).await;
     // Admin calls with a wrong and a right token: neither may be logged.
     let c = reqwest::Client::new();
     let wrong = c
@@ -208,10 +205,7 @@ async fn a_second_signal_exits_at_once() {
         .spawn()
         .unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    eventually("the child to be ready", T, || async {
-        (reqwest::get(format!("{base}/readyz")).await.ok()?.status() == 200).then_some(())
-    })
-    .await;
+    crate::harness::wait_ready("the child to be ready", &base, T).await;
     t.insert("accounts.purchase_create", json!({})).await;
     eventually("the slow request to start", T, || async {
         (!t.receiver.requests().is_empty()).then_some(())

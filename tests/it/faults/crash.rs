@@ -196,15 +196,7 @@ async fn sigkill_at_random_moments_and_restart() {
     let crash_phase = started.elapsed();
     // A last start finishes everything; then a clean stop.
     let mut last = spawn(&config, &log);
-    eventually("the last sidecar to be ready", T, || async {
-        (reqwest::get(format!("{}/readyz", last.base))
-            .await
-            .ok()?
-            .status()
-            == 200)
-            .then_some(())
-    })
-    .await;
+    crate::harness::wait_ready("the last sidecar to be ready", &last.base, T).await;
     settle_rows(&t, T).await;
     t.wait_all_committed(&t.group, T).await;
     signal(&last.child, "-TERM");

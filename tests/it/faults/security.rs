@@ -181,10 +181,7 @@ level = "debug"
         .spawn()
         .unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    eventually("the child to be ready", T, || async {
-        (reqwest::get(format!("{base}/readyz")).await.ok()?.status() == 200).then_some(())
-    })
-    .await;
+    crate::harness::wait_ready("the child to be ready", &base, T).await;
     insert_many(&t, 3, "ok").await;
     insert_many(&t, 3, "fail").await;
     for i in 0..2 {

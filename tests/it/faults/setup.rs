@@ -9,7 +9,7 @@ use outbox_sidecar::config::Settings;
 use rdkafka::mocking::MockCluster;
 
 use crate::db::{self, Source};
-use crate::harness::{eventually, Kafka, Options, Receiver, TestApp};
+use crate::harness::{Kafka, Options, Receiver, TestApp};
 
 /// The bound on any single wait of a scenario.
 pub const T: Duration = Duration::from_secs(60);
@@ -92,15 +92,8 @@ pub async fn prepare(opts: Options, receiver: Receiver, brokers: i32) -> TestApp
 /// Starts a sidecar with `settings` and waits until it is ready.
 pub async fn start_with(settings: Settings) -> App {
     let app = App::start(settings).await.expect("start the sidecar");
-    let url = format!("http://{}/readyz", app.admin_addr());
-    eventually("the sidecar to be ready", T, || {
-        let url = url.clone();
-        async move {
-            let r = reqwest::get(&url).await.ok()?;
-            r.status().is_success().then_some(())
-        }
-    })
-    .await;
+    let base = format!("http://{}", app.admin_addr());
+    crate::harness::wait_ready("the sidecar to be ready", &base, T).await;
     app
 }
 

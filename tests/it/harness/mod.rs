@@ -48,6 +48,24 @@ where
     }
 }
 
+/// Waits until the sidecar whose admin server is at `base`
+/// (`http://host:port`) answers `/readyz` with 200.
+pub async fn wait_ready(what: &str, base: &str, limit: Duration) {
+    let url = format!("{base}/readyz");
+    eventually(what, limit, || {
+        let url = url.clone();
+        async move {
+            reqwest::get(&url)
+                .await
+                .ok()?
+                .status()
+                .is_success()
+                .then_some(())
+        }
+    })
+    .await
+}
+
 #[derive(Clone)]
 pub struct Options {
     pub retry_delay: &'static str,
@@ -146,15 +164,8 @@ drain_timeout = "5s"
         let app = App::start(self.settings(group))
             .await
             .expect("start the sidecar");
-        let url = format!("http://{}/readyz", app.admin_addr());
-        eventually("the sidecar to be ready", Duration::from_secs(30), || {
-            let url = url.clone();
-            async move {
-                let r = reqwest::get(&url).await.ok()?;
-                r.status().is_success().then_some(())
-            }
-        })
-        .await;
+        let base = format!("http://{}", app.admin_addr());
+        wait_ready("the sidecar to be ready", &base, Duration::from_secs(30)).await;
         app
     }
 
