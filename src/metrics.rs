@@ -22,6 +22,7 @@ pub struct Metrics {
     pub cdc_skips_total: IntCounterVec,
     pub inflight_events: IntGauge,
     pub consumer_lag: IntGaugeVec,
+    pub consumer_paused: IntGauge,
     pub db_write_retries_total: IntCounterVec,
 }
 
@@ -93,6 +94,10 @@ impl Metrics {
             ),
             &["partition"],
         ));
+        let consumer_paused = must(IntGauge::new(
+            "outbox_consumer_paused",
+            "1 while fetching is paused: events wait for jobs that are not finishing",
+        ));
         let db_write_retries_total = must(IntCounterVec::new(
             Opts::new(
                 "outbox_db_write_retries_total",
@@ -110,6 +115,7 @@ impl Metrics {
         reg(Box::new(cdc_skips_total.clone()));
         reg(Box::new(inflight_events.clone()));
         reg(Box::new(consumer_lag.clone()));
+        reg(Box::new(consumer_paused.clone()));
         reg(Box::new(db_write_retries_total.clone()));
         // Known series start at zero so dashboards and alerts see them.
         for r in ["triggered", "skipped", "invalid"] {
@@ -127,6 +133,7 @@ impl Metrics {
             cdc_skips_total,
             inflight_events,
             consumer_lag,
+            consumer_paused,
             db_write_retries_total,
         }
     }

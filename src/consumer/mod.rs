@@ -862,18 +862,23 @@ impl LoopState {
         }
     }
 
-    /// Bounds what waits here: over the high mark the loop stops taking
-    /// messages (see [`PAUSE_AFTER`]), and pauses the partitions if that
-    /// lasts; at or below `max_in_flight` waiting rows it takes messages
-    /// again, resuming the partitions if they were paused.
+    /// Bounds what waits here: at the high mark the loop stops taking
+    /// messages, and pauses the partitions if it stays there without a
+    /// break for [`PAUSE_AFTER`] (the jobs are stuck, not just busy); once
+    /// paused, at or below `max_in_flight` waiting rows it resumes them.
+    ///
+    /// A busy backlog keeps the queue bobbing just under and at the high
+    /// mark; each dip below it ends the hold, so a busy pipeline is never
+    /// paused (a pause drops librdkafka's prefetched messages, and the
+    /// fetch after the resume starves the jobs for a fetch cycle).
     fn flow_control(&mut self, pl: &Pipeline) {
         let waiting = self.ready.len();
         if waiting >= ready_high(pl.max_in_flight) {
             self.holding_since
                 .get_or_insert_with(tokio::time::Instant::now);
-        } else if waiting <= pl.max_in_flight {
+        } else {
             self.holding_since = None;
-            if self.paused {
+            if self.paused && waiting <= pl.max_in_flight {
                 self.set_paused(pl, false);
             }
         }
@@ -903,6 +908,7 @@ impl LoopState {
         match result {
             Ok(()) => {
                 self.paused = pause;
+                pl.ctx.metrics.consumer_paused.set(i64::from(pause));
                 debug!(paused = pause, running = self.running.len(), "flow control");
             }
             Err(e) => warn!(error = %e, "pause/resume failed"),
@@ -931,7 +937,7 @@ fn max_jobs(max_in_flight: usize, waiting: usize) -> usize {
 
 /// How many decided rows may wait for a slot before fetching pauses.
 fn ready_high(max_in_flight: usize) -> usize {
-    (max_in_flight * 4).max(MAX_BATCH)
+    (max_in_flight * 2).max(MAX_BATCH)
 }
 
 /// Reads rows, retrying while the database is down; `None` on shutdown.

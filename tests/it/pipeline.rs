@@ -2,13 +2,15 @@
 //! broker → the sidecar → a real HTTP receiver → status written back
 //! (the Rails `dispatch_events_job_spec.rb`, and CONTRACT §5).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use entity::Status;
 use serde_json::json;
 use wiremock::ResponseTemplate;
 
-use crate::harness::{spawn_app, spawn_app_with, Options, Receiver, ACCOUNTS_EVENTS};
+use crate::harness::{eventually, spawn_app, spawn_app_with, Options, Receiver, ACCOUNTS_EVENTS};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -529,4 +531,60 @@ async fn a_row_waiting_for_its_retry_does_not_hold_the_in_flight_slot() {
         reqs[1].at >= retry_due,
         "retried before updated_at + retry_delay"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetching_pauses_while_jobs_are_stuck_and_resumes_after() {
+    // While `stuck`, every request hangs for 10 s: with max_in_flight = 2
+    // the backlog piles up in the ready queue until fetching pauses.
+    let stuck = Arc::new(AtomicBool::new(true));
+    let receiver = {
+        let stuck = stuck.clone();
+        Receiver::start(move |_| {
+            if stuck.load(Ordering::SeqCst) {
+                crate::harness::receiver::slow(204, Duration::from_secs(10))
+            } else {
+                ResponseTemplate::new(204)
+            }
+        })
+        .await
+    };
+    let opts = Options {
+        max_in_flight: 2,
+        partitions: 2,
+        ..Options::default()
+    };
+    let t = crate::harness::prepare_on(crate::harness::Kafka::start(), opts, receiver).await;
+    let mut settings = t.settings(&t.group);
+    // A hung request is not a failure here (no retry, one request per event).
+    settings.dispatchers.get_mut("accounts").unwrap().timeout = Duration::from_secs(30);
+    let app = crate::harness::start_with(settings).await;
+    let base = format!("http://{}", app.admin_addr());
+    let paused = || crate::harness::metric(&base, "outbox_consumer_paused");
+    assert_eq!(paused().await, Some(0.0), "not paused at the start");
+    // More than the ready queue holds (512) plus the jobs (2 × 2).
+    let n = 700;
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        ids.push(t.insert("accounts.purchase_create", json!({"n": i})).await);
+    }
+    eventually("fetching to pause", T, || async {
+        (paused().await == Some(1.0)).then_some(())
+    })
+    .await;
+    stuck.store(false, Ordering::SeqCst);
+    eventually("fetching to resume", T, || async {
+        (paused().await == Some(0.0)).then_some(())
+    })
+    .await;
+    for id in &ids {
+        t.wait_status(*id, Status::Sent, T).await;
+    }
+    t.wait_all_committed(&t.group, T).await;
+    assert_eq!(
+        t.receiver.requests().len(),
+        n,
+        "every event sent once across the pause"
+    );
+    app.stop().await;
 }

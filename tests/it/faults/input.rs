@@ -65,16 +65,6 @@ async fn replayed_events_and_a_reread_topic_send_nothing_twice() {
     check(&t, &spec).await;
 }
 
-async fn metric(base: &str, series: &str) -> Option<f64> {
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    crate::operations::sample(&text, series)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_records_are_counted_skipped_and_the_partition_moves_on() {
     let opts = Options {
@@ -107,7 +97,7 @@ async fn poison_records_are_counted_skipped_and_the_partition_moves_on() {
     settle(&t, &t.group, T).await;
     let invalid = r#"outbox_cdc_messages_total{result="invalid"}"#;
     eventually("3 invalid records counted", T, || async {
-        (metric(&base, invalid).await == Some(3.0)).then_some(())
+        (crate::harness::metric(&base, invalid).await == Some(3.0)).then_some(())
     })
     .await;
     let requests = t.receiver.requests();

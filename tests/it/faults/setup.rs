@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use outbox_sidecar::app::App;
-use outbox_sidecar::config::Settings;
 use rdkafka::mocking::MockCluster;
 
 use crate::db::{self, Source};
@@ -89,13 +87,7 @@ pub async fn prepare(opts: Options, receiver: Receiver, brokers: i32) -> TestApp
     crate::harness::prepare_on(kafka, opts, receiver).await
 }
 
-/// Starts a sidecar with `settings` and waits until it is ready.
-pub async fn start_with(settings: Settings) -> App {
-    let app = App::start(settings).await.expect("start the sidecar");
-    let base = format!("http://{}", app.admin_addr());
-    crate::harness::wait_ready("the sidecar to be ready", &base, T).await;
-    app
-}
+pub use crate::harness::start_with;
 
 /// Waits until no row is pending and `group` committed everything: after
 /// that, nothing more is sent.

@@ -66,6 +66,25 @@ pub async fn wait_ready(what: &str, base: &str, limit: Duration) {
     .await
 }
 
+/// One series' value from the sidecar's `/metrics` at `base`.
+pub async fn metric(base: &str, series: &str) -> Option<f64> {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    crate::operations::sample(&text, series)
+}
+
+/// Starts a sidecar with `settings` and waits until it is ready.
+pub async fn start_with(settings: Settings) -> App {
+    let app = App::start(settings).await.expect("start the sidecar");
+    let base = format!("http://{}", app.admin_addr());
+    wait_ready("the sidecar to be ready", &base, Duration::from_secs(30)).await;
+    app
+}
+
 #[derive(Clone)]
 pub struct Options {
     pub retry_delay: &'static str,
@@ -161,12 +180,7 @@ drain_timeout = "5s"
     }
 
     pub async fn start_in_group(&self, group: &str) -> App {
-        let app = App::start(self.settings(group))
-            .await
-            .expect("start the sidecar");
-        let base = format!("http://{}", app.admin_addr());
-        wait_ready("the sidecar to be ready", &base, Duration::from_secs(30)).await;
-        app
+        start_with(self.settings(group)).await
     }
 
     pub async fn stop(&mut self) {
