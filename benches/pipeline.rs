@@ -1684,6 +1684,14 @@ fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String {
         );
     }
     line(&mut out, String::new());
+    if opts.backlog_only {
+        // No limits were measured: no ratios, no verdicts.
+        line(
+            &mut out,
+            "--backlog-only: S1 alone; no limits, ratios or goals".to_owned(),
+        );
+        return out;
+    }
 
     let m = |name: &str| sheet.median(name);
     let consume = m("raw consume (StreamConsumer, no processing)");
