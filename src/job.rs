@@ -132,19 +132,20 @@ impl Lease {
     }
 
     /// Cancels the lease, then blocks the calling thread until no POST is
-    /// under way or `limit` has passed; returns how many still are.
-    pub fn revoke_and_wait(&self, limit: Duration) -> usize {
+    /// under way, `limit` has passed, or `stop()` says so (checked at least
+    /// every 100 ms); returns how many POSTs still are under way.
+    pub fn revoke_and_wait(&self, limit: Duration, stop: impl Fn() -> bool) -> usize {
         self.cancel();
         let deadline = Instant::now() + limit;
         let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        while *busy > 0 {
+        while *busy > 0 && !stop() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
             busy = self
                 .idle
-                .wait_timeout(busy, left)
+                .wait_timeout(busy, left.min(Duration::from_millis(100)))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -393,11 +394,16 @@ mod tests {
             })
         };
         wait_entered.recv().unwrap();
-        // Not released: the wait ends at its limit with the POST counted.
-        assert_eq!(lease.revoke_and_wait(Duration::from_millis(50)), 1);
+        // Not released: the wait ends at its limit with the POST counted,
+        // or at once when told to stop (shutdown).
+        assert_eq!(
+            lease.revoke_and_wait(Duration::from_millis(50), || false),
+            1
+        );
+        assert_eq!(lease.revoke_and_wait(Duration::from_secs(30), || true), 1);
         release.send(()).unwrap();
         // Released: the wait ends when the POST's status is written.
-        assert_eq!(lease.revoke_and_wait(Duration::from_secs(30)), 0);
+        assert_eq!(lease.revoke_and_wait(Duration::from_secs(30), || false), 0);
         worker.join().unwrap();
     }
 }

@@ -23,6 +23,8 @@ pub struct Metrics {
     pub inflight_events: IntGauge,
     pub consumer_lag: IntGaugeVec,
     pub consumer_paused: IntGauge,
+    pub consumer_pauses_total: prometheus::IntCounter,
+    pub revoke_held_requests_total: IntCounterVec,
     pub db_write_retries_total: IntCounterVec,
 }
 
@@ -98,6 +100,19 @@ impl Metrics {
             "outbox_consumer_paused",
             "1 while fetching is paused: events wait for jobs that are not finishing",
         ));
+        let consumer_pauses_total = must(prometheus::IntCounter::new(
+            "outbox_consumer_pauses_total",
+            "Times fetching was paused because events waited for jobs that were not finishing",
+        ));
+        let revoke_held_requests_total = must(IntCounterVec::new(
+            Opts::new(
+                "outbox_revoke_held_requests_total",
+                "Requests in flight a partition revoke waited for: status written before the \
+                 partitions were given up, or given up at the drain timeout (the next owner may \
+                 send those again)",
+            ),
+            &["outcome"],
+        ));
         let db_write_retries_total = must(IntCounterVec::new(
             Opts::new(
                 "outbox_db_write_retries_total",
@@ -116,10 +131,15 @@ impl Metrics {
         reg(Box::new(inflight_events.clone()));
         reg(Box::new(consumer_lag.clone()));
         reg(Box::new(consumer_paused.clone()));
+        reg(Box::new(consumer_pauses_total.clone()));
+        reg(Box::new(revoke_held_requests_total.clone()));
         reg(Box::new(db_write_retries_total.clone()));
         // Known series start at zero so dashboards and alerts see them.
         for r in ["triggered", "skipped", "invalid"] {
             cdc_messages_total.with_label_values(&[r]);
+        }
+        for o in ["written", "given_up"] {
+            revoke_held_requests_total.with_label_values(&[o]);
         }
         Self {
             registry,
@@ -134,6 +154,8 @@ impl Metrics {
             inflight_events,
             consumer_lag,
             consumer_paused,
+            consumer_pauses_total,
+            revoke_held_requests_total,
             db_write_retries_total,
         }
     }

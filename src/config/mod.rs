@@ -296,6 +296,9 @@ fn default_admin_listen() -> String {
 fn default_refresh_interval() -> Duration {
     Duration::from_secs(15)
 }
+/// librdkafka's default `max.poll.interval.ms`.
+const DEFAULT_MAX_POLL_INTERVAL_MS: u64 = 300_000;
+
 fn default_drain_timeout() -> Duration {
     Duration::from_secs(20)
 }
@@ -462,6 +465,32 @@ impl Settings {
         }
         if self.kafka.group_id.trim().is_empty() {
             return Err(ConfigError::missing("kafka.group_id"));
+        }
+        // A revoke waits up to the drain timeout inside the consumer's poll;
+        // librdkafka drops a member that does not poll for this long.
+        let max_poll = match self
+            .kafka
+            .properties
+            .iter()
+            .find(|(k, _)| k.replace('_', ".") == "max.poll.interval.ms")
+        {
+            Some((k, v)) => v.trim().parse::<u64>().map_err(|_| {
+                ConfigError::key(
+                    format!("kafka.properties.{k}"),
+                    format!("{v:?} is not a number of milliseconds"),
+                )
+            })?,
+            None => DEFAULT_MAX_POLL_INTERVAL_MS,
+        };
+        if self.shutdown.drain_timeout.as_millis() >= u128::from(max_poll) {
+            return Err(ConfigError::key(
+                "shutdown.drain_timeout",
+                format!(
+                    "{} must be below the consumer's max.poll.interval.ms ({max_poll} ms): \
+                     a rebalance waits up to the drain timeout for requests in flight",
+                    humantime::format_duration(self.shutdown.drain_timeout)
+                ),
+            ));
         }
         Ok(())
     }

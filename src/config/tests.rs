@@ -115,3 +115,30 @@ fn durations_accept_humantime_and_seconds() {
     assert_eq!(duration::parse("1m 30s"), Ok(Duration::from_secs(90)));
     assert!(duration::parse("5 parsecs").is_err());
 }
+
+#[test]
+fn drain_timeout_must_stay_below_max_poll_interval() {
+    let base =
+        "[database]\nurl = \"sqlite::memory:\"\n[kafka]\nbrokers = \"k:9092\"\ntopic = \"t\"\n";
+    let run_check = |extra: &str| {
+        Settings::from_toml(Some(&format!("{base}{extra}")), BTreeMap::new())
+            .unwrap()
+            .validate_for_run()
+    };
+    run_check("[shutdown]\ndrain_timeout = \"299s\"\n").expect("below librdkafka's 300 s");
+    let e = run_check("[shutdown]\ndrain_timeout = \"5m\"\n").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: shutdown.drain_timeout: 5m must be below the consumer's \
+         max.poll.interval.ms (300000 ms): a rebalance waits up to the drain timeout for \
+         requests in flight"
+    );
+    let e = run_check("[kafka.properties]\n\"max.poll.interval.ms\" = \"10000\"\n[shutdown]\ndrain_timeout = \"20s\"\n")
+        .unwrap_err();
+    assert!(e.to_string().contains("(10000 ms)"), "{e}");
+    let e = run_check("[kafka.properties]\nmax_poll_interval_ms = \"ten\"\n").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: kafka.properties.max_poll_interval_ms: \"ten\" is not a number of milliseconds"
+    );
+}

@@ -103,7 +103,7 @@ impl SidecarContext {
     /// delivers the revoke until the POSTs they have under way wrote their
     /// status, or `hold_limit` passed. Until then librdkafka does not give
     /// the partitions up, so the next owner reads those rows decided.
-    fn finish_running_posts(&self, parts: &[i32]) {
+    fn finish_running_posts(&self, parts: &[i32], lost: bool) {
         let leases: Vec<Arc<Lease>> = {
             let map = self.leases.lock().unwrap_or_else(|e| e.into_inner());
             parts.iter().filter_map(|p| map.get(p).cloned()).collect()
@@ -113,7 +113,9 @@ impl SidecarContext {
             lease.cancel();
         }
         let busy: usize = leases.iter().map(|l| l.busy()).sum();
-        if busy == 0 || self.closing.load(Ordering::Relaxed) {
+        // A lost assignment (session timed out) is someone else's already:
+        // waiting would not keep the next owner from the rows.
+        if busy == 0 || lost || self.closing.load(Ordering::Relaxed) {
             return;
         }
         // Waiting blocks this thread; the jobs must run on others.
@@ -133,12 +135,20 @@ impl SidecarContext {
         );
         let started = Instant::now();
         let deadline = started + self.hold_limit;
+        // Shutdown ends the wait: the drain then waits for the same POSTs.
+        let stop = || self.closing.load(Ordering::Relaxed);
         let left: usize = tokio::task::block_in_place(|| {
             leases
                 .iter()
-                .map(|l| l.revoke_and_wait(deadline.saturating_duration_since(Instant::now())))
+                .map(|l| {
+                    l.revoke_and_wait(deadline.saturating_duration_since(Instant::now()), stop)
+                })
                 .sum()
         });
+        let held = &self.metrics.revoke_held_requests_total;
+        held.with_label_values(&["written"])
+            .inc_by(busy.saturating_sub(left) as u64);
+        held.with_label_values(&["given_up"]).inc_by(left as u64);
         if left > 0 {
             warn!(
                 requests = left,
@@ -167,7 +177,7 @@ impl ClientContext for SidecarContext {
 }
 
 impl ConsumerContext for SidecarContext {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             let parts = self.partitions(tpl);
             for p in &parts {
@@ -176,7 +186,7 @@ impl ConsumerContext for SidecarContext {
                     .consumer_lag
                     .remove_label_values(&[&p.to_string()]);
             }
-            self.finish_running_posts(&parts);
+            self.finish_running_posts(&parts, consumer.assignment_lost());
             let _ = self.events.send(GroupEvent::Revoke(parts));
         }
     }
@@ -337,9 +347,20 @@ impl Pipeline {
             next_serial: 1,
             paused: false,
             holding_since: None,
+            progress_at: tokio::time::Instant::now(),
             done_tx,
         };
         info!(topic = %self.topic, "consuming");
+        // A revoke waiting in librdkafka's callback blocks this loop; it
+        // learns of the shutdown through `closing`.
+        {
+            let closing = self.closing.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                shutdown.cancelled().await;
+                closing.store(true, Ordering::Relaxed);
+            });
+        }
         let consumer = &self.consumer;
         let mut stream = consumer.stream();
         loop {
@@ -571,6 +592,8 @@ struct LoopState {
     paused: bool,
     /// Since when the ready queue has been above its high mark.
     holding_since: Option<tokio::time::Instant>,
+    /// When a job last ended (the ready queue can move).
+    progress_at: tokio::time::Instant,
     done_tx: mpsc::UnboundedSender<JobDone>,
 }
 
@@ -827,6 +850,7 @@ impl LoopState {
         dones: Vec<JobDone>,
         shutdown: &CancellationToken,
     ) {
+        self.progress_at = tokio::time::Instant::now();
         let mut again = Vec::new();
         for done in dones {
             self.release(&done);
@@ -863,14 +887,16 @@ impl LoopState {
     }
 
     /// Bounds what waits here: at the high mark the loop stops taking
-    /// messages, and pauses the partitions if it stays there without a
-    /// break for [`PAUSE_AFTER`] (the jobs are stuck, not just busy); once
-    /// paused, at or below `max_in_flight` waiting rows it resumes them.
+    /// messages (holds); it pauses the partitions when the hold lasts with
+    /// no job ending for [`PAUSE_AFTER`] (the jobs are stuck), or lasts
+    /// [`HOLD_MAX`] in all (slow jobs: rebalance callbacks are served only
+    /// by polling); once paused, at or below `max_in_flight` waiting rows it
+    /// resumes them.
     ///
-    /// A busy backlog keeps the queue bobbing just under and at the high
-    /// mark; each dip below it ends the hold, so a busy pipeline is never
-    /// paused (a pause drops librdkafka's prefetched messages, and the
-    /// fetch after the resume starves the jobs for a fetch cycle).
+    /// A busy backlog keeps the queue at or just under the high mark while
+    /// jobs keep ending, so a busy pipeline is not paused (a pause drops
+    /// librdkafka's prefetched messages, and the fetch after the resume
+    /// starves the jobs for a fetch cycle).
     fn flow_control(&mut self, pl: &Pipeline) {
         let waiting = self.ready.len();
         if waiting >= ready_high(pl.max_in_flight) {
@@ -892,7 +918,9 @@ impl LoopState {
     }
 
     fn pause_deadline(&self) -> tokio::time::Instant {
-        self.holding_since.unwrap_or_else(tokio::time::Instant::now) + PAUSE_AFTER
+        let since = self.holding_since.unwrap_or_else(tokio::time::Instant::now);
+        let quiet = since.max(self.progress_at) + PAUSE_AFTER;
+        quiet.min(since + HOLD_MAX)
     }
 
     fn set_paused(&mut self, pl: &Pipeline, pause: bool) {
@@ -909,19 +937,33 @@ impl LoopState {
             Ok(()) => {
                 self.paused = pause;
                 pl.ctx.metrics.consumer_paused.set(i64::from(pause));
+                if pause {
+                    pl.ctx.metrics.consumer_pauses_total.inc();
+                }
                 debug!(paused = pause, running = self.running.len(), "flow control");
             }
-            Err(e) => warn!(error = %e, "pause/resume failed"),
+            Err(e) => {
+                warn!(error = %e, "pause/resume failed");
+                if pause {
+                    // Try again after another PAUSE_AFTER, not at once.
+                    self.holding_since = Some(tokio::time::Instant::now());
+                }
+            }
         }
     }
 }
 
-/// How long the loop may hold back (not take messages) before it pauses
-/// the partitions. A pause drops librdkafka's prefetched messages and a
-/// resume takes a fetch cycle (up to a second on some brokers) before
-/// messages flow again, so short waits are bridged by simply not polling;
-/// librdkafka's own queue stays bounded by `queued.max.messages.kbytes`.
+/// How long the loop may hold back (not take messages) with no job ending
+/// before it pauses the partitions. A pause drops librdkafka's prefetched
+/// messages and a resume takes a fetch cycle (up to a second on some
+/// brokers) before messages flow again, so waits on working jobs are
+/// bridged by simply not polling; librdkafka's own queue stays bounded by
+/// `queued.max.messages.kbytes`.
 const PAUSE_AFTER: Duration = Duration::from_millis(500);
+
+/// How long the loop may hold back in all, jobs ending or not, before it
+/// pauses: rebalance callbacks run only while it polls.
+const HOLD_MAX: Duration = Duration::from_secs(5);
 
 /// Jobs waiting out `retry_delay` that may exist per in-flight slot: they
 /// hold no slot, so a row that failed does not hold back fresh ones.

@@ -11,7 +11,7 @@
 //! (as [`Sent`]: an applied write hands back no copy of the row) or of
 //! [`Store::register_failure`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -163,18 +163,13 @@ async fn write_batch(store: &Store, batch: Vec<Request>) {
             Request::Failure(failure, reply) => failed.push((failure, reply)),
         }
     }
-    let write_sent = async {
-        if sent.is_empty() {
-            return;
-        }
+    // One after the other: a batch holds one pool connection at a time.
+    if !sent.is_empty() {
         let keys: Vec<Key> = sent.iter().map(|(k, _)| *k).collect();
         let result = mark_sent_many(store, &keys).await;
         answer(sent, result, |k| k.id, |k| Sent::NotFound(k.id));
-    };
-    let write_failed = async {
-        if failed.is_empty() {
-            return;
-        }
+    }
+    if !failed.is_empty() {
         let failures: Vec<Failure> = failed.iter().map(|(f, _)| f.clone()).collect();
         let result = register_failure_many(store, &failures).await;
         answer(
@@ -183,22 +178,25 @@ async fn write_batch(store: &Store, batch: Vec<Request>) {
             |f| f.seen.id,
             |f| Outcome::NotFound(f.seen.id),
         );
-    };
-    tokio::join!(write_sent, write_failed);
+    }
 }
 
 /// Hands each job its row's outcome, or the batch's error.
-fn answer<W, T>(
+fn answer<W, T: Clone>(
     writes: Vec<(W, Reply<T>)>,
     result: Result<HashMap<i64, T>, StoreError>,
     id: impl Fn(&W) -> i64,
     missing: impl Fn(&W) -> T,
 ) {
     match result {
-        Ok(mut outcomes) => {
+        Ok(outcomes) => {
             for (write, reply) in writes {
+                // (ids are distinct in a batch: a job waits for its answer
+                // before it writes again; were one there twice, both writes
+                // would get the row's outcome)
                 let outcome = outcomes
-                    .remove(&id(&write))
+                    .get(&id(&write))
+                    .cloned()
                     .unwrap_or_else(|| missing(&write));
                 let _ = reply.send(Ok(outcome));
             }
@@ -222,35 +220,64 @@ fn quoted_table(store: &Store) -> String {
     format!("\"{}\"", store.table().replace('"', "\"\""))
 }
 
-/// One conditional UPDATE for all `keys` (ids distinct), then, only when
-/// it did not apply to all of them, one read to tell the rows it applied to
-/// (their `sent_at` is this batch's timestamp) from conflicts.
+/// Which rows a batch write applied to, as far as the write itself tells.
+enum Applied {
+    /// All of them.
+    All,
+    /// These (PostgreSQL's `RETURNING`, or counted statement by statement).
+    Ids(HashSet<i64>),
+    /// Not all; which ones only a read can tell.
+    Unknown,
+}
+
+/// Runs an `UPDATE … RETURNING t.id` and collects the ids.
+async fn returned_ids(
+    store: &Store,
+    stmt: Statement,
+    action: &'static str,
+) -> Result<HashSet<i64>, StoreError> {
+    let rows = store
+        .connection()
+        .query_all_raw(stmt)
+        .await
+        .map_err(db_err(action))?;
+    rows.iter()
+        .map(|r| r.try_get::<i64>("", "id").map_err(db_err(action)))
+        .collect()
+}
+
+/// One conditional UPDATE for all `keys` (ids distinct); the rows it did
+/// not apply to are read back and reported as found (conflicts, missing).
 ///
 /// On PostgreSQL the keys are two array parameters joined with `unnest`,
 /// so one statement shape serves every batch size (prepared once per
-/// connection); elsewhere an `OR` of per-row conditions.
+/// connection), and `RETURNING` names the rows it applied to. Elsewhere an
+/// `OR` of per-row conditions; when it did not apply to every row, all are
+/// read back and those `sent` at this batch's timestamp are taken as ours.
 pub async fn mark_sent_many(store: &Store, keys: &[Key]) -> Result<HashMap<i64, Sent>, StoreError> {
     let now = now();
     let backend = store.backend();
-    let stmt = if backend == DbBackend::Postgres {
+    let ids: Vec<i64> = keys.iter().map(|k| k.id).collect();
+    let applied = if backend == DbBackend::Postgres {
         let table = quoted_table(store);
-        let ids: Vec<i64> = keys.iter().map(|k| k.id).collect();
         let attempts: Vec<i32> = keys.iter().map(|k| k.attempts).collect();
-        Statement::from_sql_and_values(
+        let stmt = Statement::from_sql_and_values(
             backend,
             format!(
                 "UPDATE {table} AS t SET status = $1, sent_at = $2, updated_at = $2 \
                  FROM unnest($3::bigint[], $4::integer[]) AS k(id, attempts) \
-                 WHERE t.id = k.id AND t.attempts = k.attempts AND t.status = $5"
+                 WHERE t.id = k.id AND t.attempts = k.attempts AND t.status = $5 \
+                 RETURNING t.id"
             ),
             [
                 Status::Sent.as_str().into(),
                 now.into(),
-                ids.into(),
+                ids.clone().into(),
                 attempts.into(),
                 Status::Pending.as_str().into(),
             ],
-        )
+        );
+        Applied::Ids(returned_ids(store, stmt, SENT_ACTION).await?)
     } else {
         let mut which = Cond::any();
         for k in keys {
@@ -271,19 +298,21 @@ pub async fn mark_sent_many(store: &Store, keys: &[Key]) -> Result<HashMap<i64, 
             .and_where(Expr::col(Column::Id).is_in(keys.iter().map(|k| k.id)))
             .cond_where(which)
             .to_owned();
-        backend.build(&update)
+        let res = store
+            .connection()
+            .execute_raw(backend.build(&update))
+            .await
+            .map_err(db_err(SENT_ACTION))?;
+        if res.rows_affected() as usize == keys.len() {
+            Applied::All
+        } else {
+            Applied::Unknown
+        }
     };
-    let res = store
-        .connection()
-        .execute_raw(stmt)
-        .await
-        .map_err(db_err(SENT_ACTION))?;
-    let ids: Vec<i64> = keys.iter().map(|k| k.id).collect();
-    let all_applied = res.rows_affected() as usize == keys.len();
     read_back(
         store,
         &ids,
-        all_applied,
+        applied,
         |_| Sent::Applied { sent_at: now },
         |found| {
             if found.status == Status::Sent && found.sent_at == Some(now) {
@@ -299,12 +328,13 @@ pub async fn mark_sent_many(store: &Store, keys: &[Key]) -> Result<HashMap<i64, 
 
 /// `register_failure` for many rows (ids distinct): each row gets one more
 /// attempt, its error and its next status, only while it is still as its
-/// job read it.
+/// job read it; the rows it did not apply to are read back and reported as
+/// found.
 ///
 /// On PostgreSQL one UPDATE joined with `unnest` of four arrays (id,
-/// attempts, next status, error), then a read only when it did not apply to
-/// all rows. Elsewhere one conditional UPDATE per row, all in one
-/// transaction (one commit for the batch).
+/// attempts, next status, error), `RETURNING` the rows it applied to.
+/// Elsewhere one conditional UPDATE per row, all in one transaction (one
+/// commit for the batch).
 pub async fn register_failure_many(
     store: &Store,
     failures: &[Failure],
@@ -315,7 +345,7 @@ pub async fn register_failure_many(
         .map(|f| (f.seen.id, store.after_failure(&f.seen, &f.error, now)))
         .collect();
     let ids: Vec<i64> = failures.iter().map(|f| f.seen.id).collect();
-    let all_applied = if store.backend() == DbBackend::Postgres {
+    let applied = if store.backend() == DbBackend::Postgres {
         let table = quoted_table(store);
         let attempts: Vec<i32> = failures.iter().map(|f| f.seen.attempts).collect();
         let statuses: Vec<String> = ids
@@ -333,7 +363,8 @@ pub async fn register_failure_many(
                  last_error = k.error, updated_at = $1 \
                  FROM unnest($2::bigint[], $3::integer[], $4::text[], $5::text[]) \
                  AS k(id, attempts, status, error) \
-                 WHERE t.id = k.id AND t.attempts = k.attempts AND t.status = $6"
+                 WHERE t.id = k.id AND t.attempts = k.attempts AND t.status = $6 \
+                 RETURNING t.id"
             ),
             [
                 now.into(),
@@ -344,79 +375,70 @@ pub async fn register_failure_many(
                 Status::Pending.as_str().into(),
             ],
         );
-        let res = store
-            .connection()
-            .execute_raw(stmt)
-            .await
-            .map_err(db_err(FAILURE_ACTION))?;
-        res.rows_affected() as usize == failures.len()
+        returned_ids(store, stmt, FAILURE_ACTION).await?
     } else {
         let txn = store
             .connection()
             .begin()
             .await
             .map_err(db_err(FAILURE_ACTION))?;
-        let mut applied = 0;
+        let mut applied = HashSet::with_capacity(failures.len());
         for f in failures {
             let stmt = store.step_statement(&f.seen, failure_values(&nexts[&f.seen.id]));
             let res = txn.execute(&stmt).await.map_err(db_err(FAILURE_ACTION))?;
-            applied += res.rows_affected() as usize;
+            if res.rows_affected() == 1 {
+                applied.insert(f.seen.id);
+            }
         }
         txn.commit().await.map_err(db_err(FAILURE_ACTION))?;
-        applied == failures.len()
+        applied
     };
     read_back(
         store,
         &ids,
-        all_applied,
+        Applied::Ids(applied),
         |id| Outcome::Applied(nexts[&id].clone()),
-        |found| {
-            // Ours: the row holds exactly what this batch wrote.
-            let next = &nexts[&found.id];
-            let ours = (
-                found.status,
-                found.attempts,
-                &found.last_error,
-                found.updated_at,
-            ) == (
-                next.status,
-                next.attempts,
-                &next.last_error,
-                next.updated_at,
-            );
-            if ours {
-                Outcome::Applied(found)
-            } else {
-                Outcome::Conflict(found)
-            }
-        },
+        // Not applied by this batch: whatever is there is someone else's.
+        Outcome::Conflict,
         Outcome::NotFound,
     )
     .await
 }
 
-/// Each id's outcome: `ours(id)` for all when the write applied to every
-/// row (no read); otherwise the rows are read back and each is judged as
-/// found, `missing(id)` where there is no row.
+/// Each id's outcome: `ours(id)` for the rows the write applied to; the
+/// others are read back and judged as found, `missing(id)` where there is
+/// no row. With [`Applied::Unknown`] every row is read back and judged.
 async fn read_back<T>(
     store: &Store,
     ids: &[i64],
-    all_applied: bool,
+    applied: Applied,
     ours: impl Fn(i64) -> T,
     judge: impl Fn(OutboxEventRow) -> T,
     missing: impl Fn(i64) -> T,
 ) -> Result<HashMap<i64, T>, StoreError> {
     let mut outcomes = HashMap::with_capacity(ids.len());
-    if all_applied {
-        for &id in ids {
+    let to_read: Vec<i64> = match &applied {
+        Applied::All => Vec::new(),
+        Applied::Ids(set) => ids.iter().copied().filter(|id| !set.contains(id)).collect(),
+        Applied::Unknown => ids.to_vec(),
+    };
+    for &id in ids {
+        let ours_for_sure = match &applied {
+            Applied::All => true,
+            Applied::Ids(set) => set.contains(&id),
+            Applied::Unknown => false,
+        };
+        if ours_for_sure {
             outcomes.insert(id, ours(id));
         }
+    }
+    if to_read.is_empty() {
         return Ok(outcomes);
     }
-    for found in store.get_many(ids).await? {
+    for found in store.get_many(&to_read).await? {
         outcomes.insert(found.id, judge(found));
     }
-    for &id in ids {
+    for id in to_read {
         outcomes.entry(id).or_insert_with(|| missing(id));
     }
     Ok(outcomes)

@@ -588,3 +588,42 @@ async fn fetching_pauses_while_jobs_are_stuck_and_resumes_after() {
     );
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_backlog_is_not_paused() {
+    // A backlog three times the ready queue (512 rows) with a receiver
+    // that answers at once: the queue sits at its high mark while jobs keep
+    // ending, so fetching must not pause (a pause drops the prefetched
+    // messages and leaves the jobs without work for a fetch cycle).
+    let opts = Options {
+        max_in_flight: 2,
+        partitions: 2,
+        ..Options::default()
+    };
+    let t = crate::harness::prepare_on(
+        crate::harness::Kafka::start(),
+        opts,
+        Receiver::accepting().await,
+    )
+    .await;
+    let n = 1500;
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        ids.push(t.insert("accounts.purchase_create", json!({"n": i})).await);
+    }
+    eventually("the backlog to be on the topic", T, || async {
+        (t.feed.published().len() >= n).then_some(())
+    })
+    .await;
+    let app = crate::harness::start_with(t.settings(&t.group)).await;
+    let base = format!("http://{}", app.admin_addr());
+    for id in &ids {
+        t.wait_status(*id, Status::Sent, T).await;
+    }
+    assert_eq!(
+        crate::harness::metric(&base, "outbox_consumer_pauses_total").await,
+        Some(0.0),
+        "fetching paused while every job was ending at once"
+    );
+    app.stop().await;
+}
