@@ -104,7 +104,9 @@ async fn partition_revoked_during_a_post_is_given_up_after_its_status_write() {
         // (max.poll.interval.ms, 300 s by default); the mock cluster only
         // for session.timeout.ms − 1 s (the tests' 6 s), after which it
         // completes the rebalance without the member. Give the mock the
-        // room Kafka gives.
+        // room Kafka gives. (The mock then ends this join phase at 29 s
+        // even when both members are back: the second member is ready
+        // ~30 s after it starts.)
         s.kafka
             .properties
             .insert("session.timeout.ms".into(), "30000".into());

@@ -81,7 +81,9 @@ pub async fn metric(base: &str, series: &str) -> Option<f64> {
 pub async fn start_with(settings: Settings) -> App {
     let app = App::start(settings).await.expect("start the sidecar");
     let base = format!("http://{}", app.admin_addr());
-    wait_ready("the sidecar to be ready", &base, Duration::from_secs(30)).await;
+    // Generous: a member joining a group where another is finishing a
+    // revoke is assigned only once that revoke is done.
+    wait_ready("the sidecar to be ready", &base, Duration::from_secs(60)).await;
     app
 }
 
