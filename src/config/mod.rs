@@ -472,7 +472,7 @@ impl Settings {
             .kafka
             .properties
             .iter()
-            .find(|(k, _)| k.replace('_', ".") == "max.poll.interval.ms")
+            .find(|(k, _)| crate::consumer::property_name(k) == "max.poll.interval.ms")
         {
             Some((k, v)) => v.trim().parse::<u64>().map_err(|_| {
                 ConfigError::key(

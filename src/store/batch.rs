@@ -155,49 +155,48 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Request>) {
 }
 
 async fn write_batch(store: &Store, batch: Vec<Request>) {
-    let mut sent = Vec::new();
-    let mut failed = Vec::new();
+    let (mut keys, mut sent_replies) = (Vec::new(), Vec::new());
+    let (mut failures, mut failure_replies) = (Vec::new(), Vec::new());
     for request in batch {
         match request {
-            Request::Sent(key, reply) => sent.push((key, reply)),
-            Request::Failure(failure, reply) => failed.push((failure, reply)),
+            Request::Sent(key, reply) => {
+                keys.push(key);
+                sent_replies.push(reply);
+            }
+            Request::Failure(failure, reply) => {
+                failures.push(failure);
+                failure_replies.push(reply);
+            }
         }
     }
     // One after the other: a batch holds one pool connection at a time.
-    if !sent.is_empty() {
-        let keys: Vec<Key> = sent.iter().map(|(k, _)| *k).collect();
+    if !keys.is_empty() {
         let result = mark_sent_many(store, &keys).await;
-        answer(sent, result, |k| k.id, |k| Sent::NotFound(k.id));
+        let ids = keys.iter().map(|k| k.id);
+        answer(ids, sent_replies, result, Sent::NotFound);
     }
-    if !failed.is_empty() {
-        let failures: Vec<Failure> = failed.iter().map(|(f, _)| f.clone()).collect();
+    if !failures.is_empty() {
         let result = register_failure_many(store, &failures).await;
-        answer(
-            failed,
-            result,
-            |f| f.seen.id,
-            |f| Outcome::NotFound(f.seen.id),
-        );
+        let ids = failures.iter().map(|f| f.seen.id);
+        answer(ids, failure_replies, result, Outcome::NotFound);
     }
 }
 
-/// Hands each job its row's outcome, or the batch's error.
-fn answer<W, T: Clone>(
-    writes: Vec<(W, Reply<T>)>,
+/// Hands each job (`ids` and `replies` in the same order) its row's
+/// outcome, or the batch's error.
+fn answer<T: Clone>(
+    ids: impl Iterator<Item = i64>,
+    replies: Vec<Reply<T>>,
     result: Result<HashMap<i64, T>, StoreError>,
-    id: impl Fn(&W) -> i64,
-    missing: impl Fn(&W) -> T,
+    missing: impl Fn(i64) -> T,
 ) {
     match result {
         Ok(outcomes) => {
-            for (write, reply) in writes {
+            for (id, reply) in ids.zip(replies) {
                 // (ids are distinct in a batch: a job waits for its answer
                 // before it writes again; were one there twice, both writes
                 // would get the row's outcome)
-                let outcome = outcomes
-                    .get(&id(&write))
-                    .cloned()
-                    .unwrap_or_else(|| missing(&write));
+                let outcome = outcomes.get(&id).cloned().unwrap_or_else(|| missing(id));
                 let _ = reply.send(Ok(outcome));
             }
         }
@@ -207,7 +206,7 @@ fn answer<W, T: Clone>(
                 StoreError::Database { action, .. } => action,
                 StoreError::Connect { .. } => "connecting to the database",
             };
-            for (_, reply) in writes {
+            for reply in replies {
                 let source = sea_orm::DbErr::Custom(message.clone());
                 let _ = reply.send(Err(db_err(action)(source)));
             }
@@ -416,22 +415,12 @@ async fn read_back<T>(
     judge: impl Fn(OutboxEventRow) -> T,
     missing: impl Fn(i64) -> T,
 ) -> Result<HashMap<i64, T>, StoreError> {
-    let mut outcomes = HashMap::with_capacity(ids.len());
-    let to_read: Vec<i64> = match &applied {
-        Applied::All => Vec::new(),
-        Applied::Ids(set) => ids.iter().copied().filter(|id| !set.contains(id)).collect(),
-        Applied::Unknown => ids.to_vec(),
+    let (applied_ids, to_read): (Vec<i64>, Vec<i64>) = match &applied {
+        Applied::All => (ids.to_vec(), Vec::new()),
+        Applied::Ids(set) => ids.iter().partition(|id| set.contains(id)),
+        Applied::Unknown => (Vec::new(), ids.to_vec()),
     };
-    for &id in ids {
-        let ours_for_sure = match &applied {
-            Applied::All => true,
-            Applied::Ids(set) => set.contains(&id),
-            Applied::Unknown => false,
-        };
-        if ours_for_sure {
-            outcomes.insert(id, ours(id));
-        }
-    }
+    let mut outcomes: HashMap<i64, T> = applied_ids.into_iter().map(|id| (id, ours(id))).collect();
     if to_read.is_empty() {
         return Ok(outcomes);
     }

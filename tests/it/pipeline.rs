@@ -615,7 +615,7 @@ async fn a_busy_backlog_is_not_paused() {
         (t.feed.published().len() >= n).then_some(())
     })
     .await;
-    let app = crate::harness::start_with(t.settings(&t.group)).await;
+    let app = t.start_in_group(&t.group).await;
     let base = format!("http://{}", app.admin_addr());
     for id in &ids {
         t.wait_status(*id, Status::Sent, T).await;
