@@ -194,13 +194,20 @@ pub enum JobEnd {
     Cancelled,
     /// The status write could not be made before the drain deadline.
     Aborted,
+    /// The database refused the status write for what the row holds, try
+    /// after try: the row keeps its last state (the pending-age alert sees
+    /// it), its message is finished so its neighbours are not held up.
+    GaveUp,
 }
 
 impl JobEnd {
     /// Whether the triggering message's work is finished (its offset may be
     /// committed). A cancelled job's message must be replayed.
     pub fn finishes_message(&self) -> bool {
-        matches!(self, JobEnd::Sent | JobEnd::Failed | JobEnd::Conflict(_))
+        matches!(
+            self,
+            JobEnd::Sent | JobEnd::Failed | JobEnd::Conflict(_) | JobEnd::GaveUp
+        )
     }
 }
 
@@ -226,10 +233,21 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
         loop {
             if let Some(due) = due_at(&row, ctx.retry_delay) {
                 let wait = (due - crate::store::now()).to_std().unwrap_or(Duration::ZERO);
-                let _waiting = Waiting::new(&ctx);
-                tokio::select! {
-                    _ = lease.cancelled() => return JobEnd::Cancelled,
-                    _ = tokio::time::sleep(wait) => {}
+                {
+                    let _waiting = Waiting::new(&ctx);
+                    tokio::select! {
+                        _ = lease.cancelled() => return JobEnd::Cancelled,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+                // The row may have moved on while this job waited (another
+                // member took the partition while this one was cut off, an
+                // operator edited it): send only what the database still
+                // says is this attempt (CONTRACT §5).
+                match reread(&ctx, &lease, &row).await {
+                    Reread::Same => {}
+                    Reread::Changed(status) => return JobEnd::Conflict(status),
+                    Reread::Cancelled => return JobEnd::Cancelled,
                 }
             }
             if lease.is_cancelled() {
@@ -262,42 +280,42 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                     ctx.metrics.dispatch_total.with_label_values(&[&label, "success"]).inc();
                     let written = write(&ctx, "sent", || ctx.status_writer.mark_sent(&row)).await;
                     return match written {
-                        Some(Sent::Applied { .. }) => {
+                        Err(end) => end,
+                        Ok(Sent::Applied { .. }) => {
                             ctx.metrics.transitions_total.with_label_values(&[&label, "sent"]).inc();
                             info!(attempt, http_status = status, "pending -> sent");
                             JobEnd::Sent
                         }
                         // Our own write may have committed before its reply was lost.
-                        Some(Sent::Conflict(found)) if found.status == Status::Sent => JobEnd::Sent,
-                        Some(Sent::Conflict(found)) => {
+                        Ok(Sent::Conflict(found)) if found.status == Status::Sent => JobEnd::Sent,
+                        Ok(Sent::Conflict(found)) => {
                             warn!(found = %found.status, "row changed during dispatch");
                             JobEnd::Conflict(found.status)
                         }
-                        Some(Sent::NotFound(_)) => JobEnd::Conflict(Status::Pending),
-                        None => JobEnd::Aborted,
+                        Ok(Sent::NotFound(_)) => JobEnd::Conflict(Status::Pending),
                     };
                 }
                 Delivery::Failed { error } => {
                     ctx.metrics.dispatch_total.with_label_values(&[&label, "failure"]).inc();
-                    let expected_error = crate::store::truncate_error(&error);
+                    let expected_error = ctx.store.truncate_error(&error);
                     let written = write(&ctx, "failure", || {
                         ctx.status_writer.register_failure(&row, &error)
                     })
                     .await;
                     let next = match written {
-                        Some(Outcome::Applied(next)) => next,
-                        Some(Outcome::Conflict(found))
+                        Err(end) => return end,
+                        Ok(Outcome::Applied(next)) => next,
+                        Ok(Outcome::Conflict(found))
                             if found.attempts == row.attempts + 1
                                 && found.last_error.as_deref() == Some(expected_error.as_str()) =>
                         {
                             found
                         }
-                        Some(Outcome::Conflict(found)) => {
+                        Ok(Outcome::Conflict(found)) => {
                             warn!(found = %found.status, "row changed during dispatch");
                             return JobEnd::Conflict(found.status);
                         }
-                        Some(Outcome::NotFound(_)) => return JobEnd::Conflict(Status::Pending),
-                        None => return JobEnd::Aborted,
+                        Ok(Outcome::NotFound(_)) => return JobEnd::Conflict(Status::Pending),
                     };
                     let to = next.status.as_str();
                     ctx.metrics.transitions_total.with_label_values(&[&label, to]).inc();
@@ -313,6 +331,55 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
     }
     .instrument(span)
     .await
+}
+
+enum Reread {
+    /// Still pending with the attempts the job expects.
+    Same,
+    /// Changed by another writer (or gone: reported as pending).
+    Changed(Status),
+    Cancelled,
+}
+
+/// Reads `row` again before a later attempt, retrying database errors
+/// until the lease is cancelled.
+async fn reread(ctx: &JobContext, lease: &Lease, row: &OutboxEventRow) -> Reread {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let read = tokio::time::timeout(
+            crate::store::batch::STATEMENT_DEADLINE,
+            ctx.store.get(row.id),
+        );
+        let read = read.await.unwrap_or_else(|_| {
+            Err(crate::store::StoreError::Database {
+                action: "reading an event",
+                source: sea_orm::DbErr::Custom("no answer within the statement deadline".into()),
+            })
+        });
+        match read {
+            Ok(Some(found))
+                if found.status == Status::Pending && found.attempts == row.attempts =>
+            {
+                return Reread::Same
+            }
+            Ok(Some(found)) => {
+                warn!(found = %found.status, attempts = found.attempts, "row changed while waiting for the next attempt; not sent");
+                return Reread::Changed(found.status);
+            }
+            Ok(None) => {
+                warn!("row deleted while waiting for the next attempt");
+                return Reread::Changed(Status::Pending);
+            }
+            Err(e) => {
+                warn!(error = %e, retry_in = ?backoff, "cannot read the row before its next attempt; retrying");
+                tokio::select! {
+                    _ = lease.cancelled() => return Reread::Cancelled,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
 }
 
 /// An in-flight slot, counted by `outbox_inflight_events` while held.
@@ -337,25 +404,48 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Runs a status write until the database answers; `None` only when the
-/// drain deadline passed first.
-async fn write<T, F, Fut>(ctx: &JobContext, to: &'static str, op: F) -> Option<T>
+/// Tries of a status write that the database refuses for what the row
+/// holds (a value too long, a constraint) before the job gives the row up.
+pub const MAX_REFUSED_WRITES: u32 = 3;
+
+/// Runs a status write until the database answers. Errors that can pass
+/// (connection, timeout, lock conflict) are retried with backoff for as
+/// long as it takes; a refusal is retried [`MAX_REFUSED_WRITES`] times,
+/// then the job gives the row up. `Err(Aborted)` when the drain deadline
+/// passed first.
+async fn write<T, F, Fut>(ctx: &JobContext, to: &'static str, op: F) -> Result<T, JobEnd>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
     let mut backoff = Duration::from_millis(50);
+    let mut refused = 0;
     loop {
         match op().await {
-            Ok(outcome) => return Some(outcome),
+            Ok(outcome) => return Ok(outcome),
             Err(e) => {
+                if !e.is_transient() {
+                    refused += 1;
+                    if refused >= MAX_REFUSED_WRITES {
+                        ctx.metrics
+                            .status_writes_given_up_total
+                            .with_label_values(&[to])
+                            .inc();
+                        tracing::error!(
+                            error = %e,
+                            tries = refused,
+                            "the database refuses this row's status write; giving the row up (it keeps its last state)"
+                        );
+                        return Err(JobEnd::GaveUp);
+                    }
+                }
                 ctx.metrics
                     .db_write_retries_total
                     .with_label_values(&[to])
                     .inc();
                 warn!(error = %e, retry_in = ?backoff, "status write failed; retrying (the request is not re-sent)");
                 tokio::select! {
-                    _ = ctx.abort.cancelled() => return None,
+                    _ = ctx.abort.cancelled() => return Err(JobEnd::Aborted),
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));

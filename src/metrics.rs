@@ -26,6 +26,10 @@ pub struct Metrics {
     pub consumer_pauses_total: prometheus::IntCounter,
     pub revoke_held_requests_total: IntCounterVec,
     pub db_write_retries_total: IntCounterVec,
+    pub cdc_rows_visible_late_total: prometheus::IntCounter,
+    pub row_reads_failed_total: prometheus::IntCounter,
+    pub job_panics_total: prometheus::IntCounter,
+    pub status_writes_given_up_total: IntCounterVec,
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -120,6 +124,31 @@ impl Metrics {
             ),
             &["to"],
         ));
+        let cdc_rows_visible_late_total = must(prometheus::IntCounter::new(
+            "outbox_cdc_rows_visible_late_total",
+            "Rows found missing or older than their change event at first, read again until \
+             they were visible (logical decoding ships a commit before it is visible)",
+        ));
+        let row_reads_failed_total = must(prometheus::IntCounter::new(
+            "outbox_row_reads_failed_total",
+            "Batched reads of triggered rows that failed or passed their deadline (made again)",
+        ));
+        let job_panics_total = must(prometheus::IntCounter::new(
+            "outbox_job_panics_total",
+            "Dispatch jobs that panicked (their message is left for the next owner)",
+        ));
+        let status_writes_given_up_total = must(IntCounterVec::new(
+            Opts::new(
+                "outbox_status_writes_given_up_total",
+                "Status writes the database refused try after try (data or constraint errors); \
+                 the row keeps its last state",
+            ),
+            &["to"],
+        ));
+        reg(Box::new(status_writes_given_up_total.clone()));
+        reg(Box::new(cdc_rows_visible_late_total.clone()));
+        reg(Box::new(row_reads_failed_total.clone()));
+        reg(Box::new(job_panics_total.clone()));
         reg(Box::new(events_failed.clone()));
         reg(Box::new(events_pending.clone()));
         reg(Box::new(oldest_pending_age.clone()));
@@ -157,6 +186,10 @@ impl Metrics {
             consumer_pauses_total,
             revoke_held_requests_total,
             db_write_retries_total,
+            cdc_rows_visible_late_total,
+            row_reads_failed_total,
+            job_panics_total,
+            status_writes_given_up_total,
         }
     }
 

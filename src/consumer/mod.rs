@@ -1,18 +1,19 @@
 //! The Kafka side: a consumer group on the CDC topic that turns change
 //! events into jobs and commits only what is finished (CONTRACT §4, §5).
 //!
-//! One task owns all the bookkeeping, so none of it needs a lock:
-//! - each message is *begun* in its partition's [`PartitionOffsets`] when it
-//!   arrives and *finished* when decided (skip, invalid) or when its job ends;
-//! - triggers for an id whose job runs here are deferred until that job
-//!   ends, then re-decided from the database (echoes of our own writes);
+//! This module is the driver: a thin loop around librdkafka that decodes
+//! messages ([`crate::cdc`]), hands them to the [`schedule::Scheduler`] —
+//! which decides, with no I/O, what to read, which jobs to start, what may
+//! be committed and when to pause — and carries out its answers: row reads
+//! (off the loop, each within a deadline), jobs ([`crate::job`], under
+//! their partition's lease), dead-letter sends (off the loop), offset
+//! stores, pause and resume. Nothing the loop does waits on the database,
+//! a receiver or the broker, so one row, one write or one slow call cannot
+//! stall it; an idle loop still beats, so liveness tells idle from wedged.
+//!
 //! - a job sends and writes only while it holds one of `max_in_flight`
-//!   slots (see [`crate::job`]); up to `2 × max_in_flight` jobs exist, so
-//!   a freed slot is taken at once by a job already started, plus one for
-//!   each job waiting out `retry_delay` without a slot (up to
-//!   [`WAITING_PER_SLOT`] per slot); beyond that triggers wait in a ready
-//!   queue; past a high mark the loop stops taking
-//!   messages and, if that lasts, pauses the assigned partitions;
+//!   slots (see [`crate::job`]); the scheduler bounds how many jobs exist
+//!   and how many triggers wait;
 //! - offsets are stored as they advance (auto-commit sends them) and
 //!   committed synchronously at shutdown;
 //! - a revoke (in librdkafka's callback, before the partitions are given
@@ -21,8 +22,10 @@
 //!   owner does not send them again.
 
 pub mod offsets;
+pub mod schedule;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,18 +40,25 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
+use tokio::time::Instant as TokioInstant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cdc::{Decision, Decoder, Record};
+use crate::cdc::{Decision, Decoder, Record, Skip};
 use crate::config::KafkaSettings;
 use crate::job::{self, JobContext, JobEnd, Lease};
 use crate::metrics::Metrics;
-use offsets::PartitionOffsets;
+use crate::store::{RowRead, Store};
+use schedule::{Flow, Limits, Pos, Read, Scheduler, Start};
 
-/// How many already-fetched messages one loop turn decides together (one
-/// database read for all their ids).
-const MAX_BATCH: usize = 512;
+/// How long a row that is missing, or older than the change event that
+/// announced it, is read again before the event is decided on the row as
+/// read (CONTRACT §5: logical decoding can ship a commit before it is
+/// visible; a replica can lag).
+pub const ROW_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often an idle consumer loop turns (liveness).
+const BEAT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
@@ -68,6 +78,23 @@ pub struct ConsumerHealth {
     pub joined: AtomicBool,
     /// Set when shutdown begins: no longer ready, still alive.
     pub draining: AtomicBool,
+    /// When the consumer loop last turned (`None`: not started yet).
+    last_beat: Mutex<Option<Instant>>,
+}
+
+impl ConsumerHealth {
+    /// The loop turned: it polled, decided, or its idle timer fired.
+    pub fn beat(&self) {
+        *self.last_beat.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// How long since the loop last turned; zero before it started.
+    pub fn stalled_for(&self) -> Duration {
+        self.last_beat
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or(Duration::ZERO, |t| t.elapsed())
+    }
 }
 
 enum GroupEvent {
@@ -230,23 +257,12 @@ pub fn property_name(key: &str) -> String {
     key.replace('_', ".")
 }
 
-/// A message whose work is outstanding, as the loop tracks it.
-#[derive(Debug, Clone, Copy)]
-struct Pos {
-    partition: i32,
-    generation: u64,
-    offset: i64,
-}
+/// How many already-fetched messages one loop turn collects.
+const MAX_BATCH: usize = schedule::MAX_READ;
 
-struct PartitionState {
-    generation: u64,
-    offsets: PartitionOffsets,
-    lease: Arc<Lease>,
-}
-
-struct Running {
-    serial: u64,
-}
+/// How long one batched row read may take before it is given up and made
+/// again (a database that stops answering mid-query).
+const READ_DEADLINE: Duration = Duration::from_secs(10);
 
 struct JobDone {
     id: i64,
@@ -255,13 +271,17 @@ struct JobDone {
     end: JobEnd,
 }
 
+type ReadDone = (u64, Result<Vec<RowRead>, String>);
+
 pub struct Pipeline {
     consumer: StreamConsumer<SidecarContext>,
     events: mpsc::UnboundedReceiver<GroupEvent>,
     topic: String,
     decoder: Decoder,
     ctx: Arc<JobContext>,
-    max_in_flight: usize,
+    store: Store,
+    metrics: Metrics,
+    limits: Limits,
     dead_letter: Option<(FutureProducer, String)>,
     health: Arc<ConsumerHealth>,
     drain_timeout: Duration,
@@ -274,6 +294,33 @@ impl Drop for Pipeline {
     /// is dropped without draining): the close's revoke must not wait.
     fn drop(&mut self) {
         self.closing.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The channels through which work done off the loop reports back.
+struct Replies {
+    done_tx: mpsc::UnboundedSender<JobDone>,
+    done_rx: mpsc::UnboundedReceiver<JobDone>,
+    read_tx: mpsc::UnboundedSender<ReadDone>,
+    read_rx: mpsc::UnboundedReceiver<ReadDone>,
+    /// Dead-letter sends delivered (or given up): their message is finished.
+    dlq_tx: mpsc::UnboundedSender<Pos>,
+    dlq_rx: mpsc::UnboundedReceiver<Pos>,
+}
+
+impl Replies {
+    fn new() -> Self {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let (read_tx, read_rx) = mpsc::unbounded_channel();
+        let (dlq_tx, dlq_rx) = mpsc::unbounded_channel();
+        Replies {
+            done_tx,
+            done_rx,
+            read_tx,
+            read_rx,
+            dlq_tx,
+            dlq_rx,
+        }
     }
 }
 
@@ -323,8 +370,13 @@ impl Pipeline {
             events: rx,
             topic: settings.topic.clone(),
             decoder: Decoder::new(table),
+            store: ctx.store.clone(),
+            metrics: ctx.metrics.clone(),
             ctx,
-            max_in_flight,
+            limits: Limits {
+                max_in_flight,
+                visibility_timeout: ROW_VISIBILITY_TIMEOUT,
+            },
             dead_letter,
             health,
             drain_timeout,
@@ -337,19 +389,8 @@ impl Pipeline {
     /// and write their status within the drain timeout, finished offsets are
     /// committed synchronously.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<JobDone>();
-        let mut st = LoopState {
-            partitions: HashMap::new(),
-            running: HashMap::new(),
-            deferred: HashMap::new(),
-            ready: ReadyQueue::default(),
-            next_generation: 1,
-            next_serial: 1,
-            paused: false,
-            holding_since: None,
-            progress_at: tokio::time::Instant::now(),
-            done_tx,
-        };
+        let mut replies = Replies::new();
+        let mut sched = Scheduler::new(self.limits, self.metrics.clone(), TokioInstant::now());
         info!(topic = %self.topic, "consuming");
         // A revoke waiting in librdkafka's callback blocks this loop; it
         // learns of the shutdown through `closing`.
@@ -361,146 +402,304 @@ impl Pipeline {
                 closing.store(true, Ordering::Relaxed);
             });
         }
+        // An idle loop still turns, so liveness tells idle from wedged.
+        let mut beat = tokio::time::interval(BEAT);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The group events are read while the stream borrows the consumer.
+        let mut events = std::mem::replace(&mut self.events, mpsc::unbounded_channel().1);
         let consumer = &self.consumer;
         let mut stream = consumer.stream();
         loop {
+            self.health.beat();
+            let now = TokioInstant::now();
+            for read in sched.take_reads(now) {
+                self.spawn_read(read, replies.read_tx.clone());
+            }
+            for start in sched.take_starts(self.ctx.waiting()) {
+                self.spawn_job(start, replies.done_tx.clone());
+            }
+            self.store_offsets(&mut sched);
+            if let Some(flow) = sched.flow(now) {
+                self.apply_flow(&mut sched, flow);
+            }
+            let wake = sched.next_wakeup();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
-                Some(ev) = self.events.recv() => {
-                    st.group_event(&self, ev);
+                Some(ev) = events.recv() => {
+                    self.group_event(&mut sched, ev);
                 }
+                Some(done) = replies.done_rx.recv() => {
+                    let now = TokioInstant::now();
+                    sched.job_ended(done.id, done.serial, &done.pos, done.end.finishes_message(), now);
+                    while let Ok(done) = replies.done_rx.try_recv() {
+                        sched.job_ended(done.id, done.serial, &done.pos, done.end.finishes_message(), now);
+                    }
+                }
+                Some((ticket, result)) = replies.read_rx.recv() => {
+                    sched.rows_read(ticket, result, TokioInstant::now());
+                }
+                Some(pos) = replies.dlq_rx.recv() => sched.finish(&pos),
                 // A job began its retry wait: its slot may take a ready row.
-                _ = self.ctx.wait_started.notified() => {
-                    st.start_ready(&self);
-                }
-                Some(done) = done_rx.recv() => {
-                    let mut dones = vec![done];
-                    while let Ok(more) = done_rx.try_recv() {
-                        dones.push(more);
-                    }
-                    st.jobs_done(&self, dones, &shutdown).await;
-                }
-                // Holding: too much decided work waits; stop taking more
-                // and, if that lasts, pause the partitions.
-                _ = tokio::time::sleep_until(st.pause_deadline()), if st.holding(&self) => {
-                    st.set_paused(&self, true);
-                }
-                msg = stream.next(), if !st.holding(&self) => {
+                _ = self.ctx.wait_started.notified() => {}
+                _ = tokio::time::sleep_until(wake.unwrap_or_else(TokioInstant::now)), if wake.is_some() => {}
+                _ = beat.tick() => {}
+                msg = stream.next(), if !sched.holding() => {
                     let Some(first) = msg else { break };
-                    // Rebalance callbacks ran inside that poll: apply them
-                    // before deciding messages of the new assignment.
-                    while let Ok(ev) = self.events.try_recv() {
-                        st.group_event(&self, ev);
-                    }
-                    let mut batch = Vec::new();
-                    self.collect(first, &mut batch);
-                    while batch.len() < MAX_BATCH {
+                    self.collect(first, &mut sched, &mut events, &replies.dlq_tx);
+                    for _ in 1..MAX_BATCH {
                         match stream.next().now_or_never() {
-                            Some(Some(m)) => self.collect(m, &mut batch),
+                            Some(Some(m)) => self.collect(m, &mut sched, &mut events, &replies.dlq_tx),
                             _ => break,
                         }
                     }
-                    while let Ok(ev) = self.events.try_recv() {
-                        st.group_event(&self, ev);
-                    }
-                    let started = std::time::Instant::now();
-                    let n = batch.len();
-                    st.decide_batch(&self, batch, &shutdown).await;
-                    debug!(messages = n, running = st.running.len(), ready = st.ready.len(), took = ?started.elapsed(), "batch decided");
+                    debug!(running = sched.running(), held = sched.held(), "batch collected");
                 }
             }
-            st.store_offsets(&self);
-            st.flow_control(&self);
         }
         drop(stream);
-        self.drain(st, done_rx).await;
+        self.drain(sched, replies.done_rx).await;
     }
 
-    /// Decodes one polled message; consumer errors are logged and skipped.
+    fn group_event(&self, sched: &mut Scheduler, ev: GroupEvent) {
+        match ev {
+            GroupEvent::Assign(parts) => {
+                {
+                    let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+                    for &p in &parts {
+                        leases.insert(p, Arc::new(Lease::new()));
+                        info!(partition = p, "partition assigned");
+                    }
+                }
+                self.health.joined.store(true, Ordering::Relaxed);
+                // The whole assignment starts unpaused (an incremental assign
+                // keeps partitions paused earlier); flow control re-pauses
+                // them right after if the limit is still reached.
+                if let Some(flow) = sched.assign(&parts) {
+                    self.apply_flow(sched, flow);
+                }
+            }
+            GroupEvent::Revoke(parts) => {
+                {
+                    let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+                    for p in &parts {
+                        if let Some(lease) = leases.remove(p) {
+                            lease.cancel();
+                        }
+                    }
+                }
+                sched.revoke(&parts);
+            }
+        }
+    }
+
+    /// Decodes one polled message and hands it to the scheduler, stamped
+    /// with the generation of the assignment it was fetched under: the
+    /// group events of the poll that returned it are applied first.
     fn collect(
         &self,
         msg: Result<rdkafka::message::BorrowedMessage<'_>, KafkaError>,
-        batch: &mut Vec<Polled>,
+        sched: &mut Scheduler,
+        events: &mut mpsc::UnboundedReceiver<GroupEvent>,
+        dlq_tx: &mpsc::UnboundedSender<Pos>,
     ) {
-        match msg {
-            Ok(m) => {
-                let record = Record {
-                    topic: m.topic(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key(),
-                    value: m.payload(),
-                };
-                let decision = self.decoder.decode(&record);
-                let raw = match decision {
-                    Decision::Invalid(_) if self.dead_letter.is_some() => {
-                        Some((m.key().map(<[u8]>::to_vec), m.payload().map(<[u8]>::to_vec)))
-                    }
-                    _ => None,
-                };
-                batch.push(Polled {
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    decision,
-                    raw,
-                });
-            }
-            Err(e) => warn!(error = %e, "Kafka consumer error"),
+        while let Ok(ev) = events.try_recv() {
+            self.group_event(sched, ev);
         }
-    }
-
-    async fn dead_letter(&self, p: &Polled, reason: &str) {
-        let Some((producer, topic)) = &self.dead_letter else {
+        let m = match msg {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(error = %e, "Kafka consumer error");
+                return;
+            }
+        };
+        let Some(pos) = sched.begin(m.partition(), m.offset()) else {
+            // Not (or no longer) ours: the next owner reads it again.
             return;
         };
-        let (key, value) = p.raw.clone().unwrap_or((None, None));
-        let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: "outbox.error",
-                value: Some(reason),
-            })
-            .insert(Header {
-                key: "outbox.source.topic",
-                value: Some(self.topic.as_str()),
-            })
-            .insert(Header {
-                key: "outbox.source.partition",
-                value: Some(&p.partition.to_string()),
-            })
-            .insert(Header {
-                key: "outbox.source.offset",
-                value: Some(&p.offset.to_string()),
-            });
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
-        if let Some(k) = key.as_deref() {
-            record = record.key(k);
-        }
-        if let Some(v) = value.as_deref() {
-            record = record.payload(v);
-        }
-        if let Err((e, _)) = producer.send(record, Duration::from_secs(10)).await {
-            error!(error = %e, topic = %topic, "cannot write the invalid record to the dead-letter topic");
+        let record = Record {
+            topic: m.topic(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key(),
+            value: m.payload(),
+        };
+        let decision = self.decoder.decode(&record);
+        self.metrics
+            .cdc_messages_total
+            .with_label_values(&[decision.result_label()])
+            .inc();
+        match decision {
+            Decision::Trigger(t) => sched.trigger(&t, pos),
+            Decision::Skip(skip) => {
+                self.metrics
+                    .cdc_skips_total
+                    .with_label_values(&[skip.reason()])
+                    .inc();
+                debug!(
+                    partition = pos.partition,
+                    offset = pos.offset,
+                    reason = skip.reason(),
+                    "skipped"
+                );
+                if let Skip::Delete { id: Some(id) } = skip {
+                    sched.deleted(id);
+                }
+                sched.finish(&pos);
+            }
+            Decision::Invalid(err) => {
+                warn!(error = %err, "invalid change event skipped");
+                match &self.dead_letter {
+                    Some((producer, topic)) => {
+                        let raw = (m.key().map(<[u8]>::to_vec), m.payload().map(<[u8]>::to_vec));
+                        let send = dead_letter(
+                            producer.clone(),
+                            topic.clone(),
+                            self.topic.clone(),
+                            pos,
+                            raw,
+                            err.to_string(),
+                        );
+                        let tx = dlq_tx.clone();
+                        tokio::spawn(async move {
+                            send.await;
+                            let _ = tx.send(pos);
+                        });
+                    }
+                    None => sched.finish(&pos),
+                }
+            }
         }
     }
 
-    async fn drain(self, mut st: LoopState, mut done_rx: mpsc::UnboundedReceiver<JobDone>) {
+    /// Reads rows off the loop, within [`READ_DEADLINE`].
+    fn spawn_read(&self, read: Read, tx: mpsc::UnboundedSender<ReadDone>) {
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let result = match tokio::time::timeout(READ_DEADLINE, store.read_rows(&read.ids)).await
+            {
+                Ok(Ok(rows)) => Ok(rows),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!(
+                    "the database did not answer within {READ_DEADLINE:?}"
+                )),
+            };
+            let _ = tx.send((read.ticket, result));
+        });
+    }
+
+    /// Starts a job under its partition's lease. A job that panics reports
+    /// its end like any other: its id is freed, its message left unfinished.
+    fn spawn_job(&self, start: Start, tx: mpsc::UnboundedSender<JobDone>) {
+        let Start { row, pos, serial } = start;
+        let id = row.id;
+        let lease = self
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&pos.partition)
+            .cloned();
+        let Some(lease) = lease else {
+            let _ = tx.send(JobDone {
+                id,
+                serial,
+                pos,
+                end: JobEnd::Cancelled,
+            });
+            return;
+        };
+        let ctx = self.ctx.clone();
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            let end = match AssertUnwindSafe(job::run(ctx, row, lease))
+                .catch_unwind()
+                .await
+            {
+                Ok(end) => end,
+                Err(_) => {
+                    metrics.job_panics_total.inc();
+                    error!(
+                        id,
+                        partition = pos.partition,
+                        offset = pos.offset,
+                        "dispatch job panicked; its message is left uncommitted for a replay"
+                    );
+                    JobEnd::Cancelled
+                }
+            };
+            let _ = tx.send(JobDone {
+                id,
+                serial,
+                pos,
+                end,
+            });
+        });
+    }
+
+    fn store_offsets(&self, sched: &mut Scheduler) {
+        let mut tpl = TopicPartitionList::new();
+        for (p, next) in sched.take_commits() {
+            let _ = tpl.add_partition_offset(&self.topic, p, Offset::Offset(next));
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = self.consumer.store_offsets(&tpl) {
+                debug!(error = %e, "storing offsets failed (partition revoked?)");
+            }
+        }
+    }
+
+    fn apply_flow(&self, sched: &mut Scheduler, flow: Flow) {
+        let mut tpl = TopicPartitionList::new();
+        for p in sched.partitions() {
+            tpl.add_partition(&self.topic, p);
+        }
+        let result = match flow {
+            Flow::Pause => self.consumer.pause(&tpl),
+            Flow::Resume => self.consumer.resume(&tpl),
+        };
+        match result {
+            Ok(()) => {
+                let paused = flow == Flow::Pause;
+                self.metrics.consumer_paused.set(i64::from(paused));
+                if paused {
+                    self.metrics.consumer_pauses_total.inc();
+                }
+                debug!(paused, running = sched.running(), "flow control");
+            }
+            Err(e) => {
+                warn!(error = %e, ?flow, "pause/resume failed");
+                sched.flow_failed(flow, TokioInstant::now());
+            }
+        }
+    }
+
+    async fn drain(self, mut sched: Scheduler, mut done_rx: mpsc::UnboundedReceiver<JobDone>) {
         self.health.draining.store(true, Ordering::Relaxed);
         self.closing.store(true, Ordering::Relaxed);
-        info!(running = st.running.len(), "draining");
-        for p in st.partitions.values() {
-            p.lease.cancel();
+        info!(running = sched.running(), "draining");
+        for lease in self
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            lease.cancel();
         }
-        st.ready.clear();
-        st.deferred.clear();
-        let deadline = tokio::time::Instant::now() + self.drain_timeout;
-        while !st.running.is_empty() {
+        sched.clear_waiting();
+        let deadline = TokioInstant::now() + self.drain_timeout;
+        while sched.running() > 0 {
             match tokio::time::timeout_at(deadline, done_rx.recv()).await {
-                Ok(Some(done)) => st.release(&done),
+                Ok(Some(done)) => sched.job_ended(
+                    done.id,
+                    done.serial,
+                    &done.pos,
+                    done.end.finishes_message(),
+                    TokioInstant::now(),
+                ),
                 Ok(None) => break,
                 Err(_) => {
                     warn!(
-                        running = st.running.len(),
+                        running = sched.running(),
                         "drain timeout: leaving the remaining messages uncommitted"
                     );
                     self.ctx.abort.cancel();
@@ -509,10 +708,8 @@ impl Pipeline {
             }
         }
         let mut tpl = TopicPartitionList::new();
-        for (p, state) in &st.partitions {
-            if let Some(next) = state.offsets.committable() {
-                let _ = tpl.add_partition_offset(&self.topic, *p, Offset::Offset(next));
-            }
+        for (p, next) in sched.commits() {
+            let _ = tpl.add_partition_offset(&self.topic, p, Offset::Offset(next));
         }
         if tpl.count() > 0 {
             match self.consumer.commit(&tpl, CommitMode::Sync) {
@@ -525,481 +722,43 @@ impl Pipeline {
     }
 }
 
-struct Polled {
-    partition: i32,
-    offset: i64,
-    decision: Decision,
-    raw: Option<RawRecord>,
-}
-
-/// Key and value bytes kept for the dead-letter topic.
-type RawRecord = (Option<Vec<u8>>, Option<Vec<u8>>);
-
-/// Pending rows read for triggers, in arrival order, waiting to become
-/// jobs; an id is in it at most once.
-#[derive(Default)]
-struct ReadyQueue {
-    rows: VecDeque<(entity::OutboxEventRow, Pos)>,
-    ids: HashSet<i64>,
-}
-
-impl ReadyQueue {
-    fn len(&self) -> usize {
-        self.rows.len()
-    }
-
-    fn contains(&self, id: i64) -> bool {
-        self.ids.contains(&id)
-    }
-
-    fn push(&mut self, row: entity::OutboxEventRow, pos: Pos) {
-        self.ids.insert(row.id);
-        self.rows.push_back((row, pos));
-    }
-
-    fn pop(&mut self) -> Option<(entity::OutboxEventRow, Pos)> {
-        let (row, pos) = self.rows.pop_front()?;
-        self.ids.remove(&row.id);
-        Some((row, pos))
-    }
-
-    fn drop_partition(&mut self, partition: i32) {
-        let ids = &mut self.ids;
-        self.rows.retain(|(row, pos)| {
-            let keep = pos.partition != partition;
-            if !keep {
-                ids.remove(&row.id);
-            }
-            keep
-        });
-    }
-
-    fn clear(&mut self) {
-        self.rows.clear();
-        self.ids.clear();
-    }
-}
-
-struct LoopState {
-    partitions: HashMap<i32, PartitionState>,
-    running: HashMap<i64, Running>,
-    /// Triggers for ids whose job is running, re-decided when it ends.
-    deferred: HashMap<i64, Vec<Pos>>,
-    /// Pending rows read for triggers, waiting for a free slot.
-    ready: ReadyQueue,
-    next_generation: u64,
-    next_serial: u64,
-    paused: bool,
-    /// Since when the ready queue has been above its high mark.
-    holding_since: Option<tokio::time::Instant>,
-    /// When a job last ended (the ready queue can move).
-    progress_at: tokio::time::Instant,
-    done_tx: mpsc::UnboundedSender<JobDone>,
-}
-
-impl LoopState {
-    fn group_event(&mut self, pl: &Pipeline, ev: GroupEvent) {
-        match ev {
-            GroupEvent::Assign(parts) => {
-                for p in parts {
-                    let generation = self.next_generation;
-                    self.next_generation += 1;
-                    let lease = Arc::new(Lease::new());
-                    pl.leases
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(p, lease.clone());
-                    self.partitions.insert(
-                        p,
-                        PartitionState {
-                            generation,
-                            offsets: PartitionOffsets::default(),
-                            lease,
-                        },
-                    );
-                    info!(partition = p, "partition assigned");
-                }
-                pl.health.joined.store(true, Ordering::Relaxed);
-                // Start the whole assignment unpaused (an incremental assign
-                // keeps partitions paused earlier); flow control re-pauses
-                // them right after if the limit is still reached.
-                if self.paused {
-                    self.set_paused(pl, false);
-                }
-            }
-            GroupEvent::Revoke(parts) => {
-                for p in parts {
-                    pl.leases
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&p);
-                    if let Some(state) = self.partitions.remove(&p) {
-                        state.lease.cancel();
-                        info!(
-                            partition = p,
-                            unfinished = state.offsets.unfinished(),
-                            "partition revoked"
-                        );
-                    }
-                    self.ready.drop_partition(p);
-                    for list in self.deferred.values_mut() {
-                        list.retain(|pos| pos.partition != p);
-                    }
-                }
-            }
-        }
-    }
-
-    fn current(&self, pos: &Pos) -> bool {
-        self.partitions
-            .get(&pos.partition)
-            .is_some_and(|s| s.generation == pos.generation)
-    }
-
-    fn begin(&mut self, partition: i32, offset: i64) -> Option<Pos> {
-        let state = self.partitions.get_mut(&partition)?;
-        state.offsets.begin(offset);
-        Some(Pos {
-            partition,
-            generation: state.generation,
-            offset,
+/// Writes an invalid record to the dead-letter topic, off the loop; its
+/// message is finished when the send is delivered or given up.
+async fn dead_letter(
+    producer: FutureProducer,
+    topic: String,
+    source_topic: String,
+    pos: Pos,
+    (key, value): (Option<Vec<u8>>, Option<Vec<u8>>),
+    reason: String,
+) {
+    let partition = pos.partition.to_string();
+    let offset = pos.offset.to_string();
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "outbox.error",
+            value: Some(&reason),
         })
-    }
-
-    fn finish(&mut self, pos: &Pos) {
-        if let Some(state) = self.partitions.get_mut(&pos.partition) {
-            if state.generation == pos.generation {
-                state.offsets.finish(pos.offset);
-            }
-        }
-    }
-
-    async fn decide_batch(
-        &mut self,
-        pl: &Pipeline,
-        batch: Vec<Polled>,
-        shutdown: &CancellationToken,
-    ) {
-        let m = &pl.ctx.metrics;
-        let mut candidates = Vec::new();
-        for polled in batch {
-            let Some(pos) = self.begin(polled.partition, polled.offset) else {
-                // Not (or no longer) ours: the next owner reads it again.
-                continue;
-            };
-            m.cdc_messages_total
-                .with_label_values(&[polled.decision.result_label()])
-                .inc();
-            match &polled.decision {
-                Decision::Trigger(t) => candidates.push((t.id, pos)),
-                Decision::Skip(skip) => {
-                    m.cdc_skips_total.with_label_values(&[skip.reason()]).inc();
-                    debug!(
-                        partition = pos.partition,
-                        offset = pos.offset,
-                        reason = skip.reason(),
-                        "skipped"
-                    );
-                    self.finish(&pos);
-                }
-                Decision::Invalid(err) => {
-                    warn!(error = %err, "invalid change event skipped");
-                    pl.dead_letter(&polled, &err.to_string()).await;
-                    self.finish(&pos);
-                }
-            }
-        }
-        self.admit(pl, candidates, shutdown).await;
-    }
-
-    /// Decides triggers: deferred when the id's job runs here, else read
-    /// from the database (one query for all of them) and queued as ready
-    /// when the row is pending there; then starts what the limit allows.
-    async fn admit(
-        &mut self,
-        pl: &Pipeline,
-        candidates: Vec<(i64, Pos)>,
-        shutdown: &CancellationToken,
-    ) {
-        let mut to_read: Vec<(i64, Pos)> = Vec::new();
-        // A second trigger for an id read in this same batch: decided after
-        // the read, by whether that read started (or queued) a job.
-        let mut repeats: Vec<(i64, Pos)> = Vec::new();
-        let mut reading: HashSet<i64> = HashSet::with_capacity(candidates.len());
-        for (id, pos) in candidates {
-            let queued = self.ready.contains(id);
-            if self.running.contains_key(&id) || queued {
-                self.defer(pl, id, pos);
-            } else if !reading.insert(id) {
-                repeats.push((id, pos));
-            } else {
-                to_read.push((id, pos));
-            }
-        }
-        if !to_read.is_empty() {
-            let ids: Vec<i64> = to_read.iter().map(|(id, _)| *id).collect();
-            let Some(rows) = read_rows(pl, &ids, shutdown).await else {
-                return; // shutting down: these stay unfinished, hence uncommitted
-            };
-            let mut rows: HashMap<i64, entity::OutboxEventRow> =
-                rows.into_iter().map(|r| (r.id, r)).collect();
-            for (id, pos) in to_read {
-                if !self.current(&pos) {
-                    continue;
-                }
-                let reason = match rows.remove(&id) {
-                    Some(row) if row.status == entity::Status::Pending => {
-                        self.ready.push(row, pos);
-                        continue;
-                    }
-                    Some(row) => {
-                        debug!(id, status = %row.status, "stale trigger skipped");
-                        "stale"
-                    }
-                    None => "row_missing",
-                };
-                pl.ctx
-                    .metrics
-                    .cdc_skips_total
-                    .with_label_values(&[reason])
-                    .inc();
-                self.finish(&pos);
-            }
-        }
-        for (id, pos) in repeats {
-            if self.ready.contains(id) {
-                self.defer(pl, id, pos);
-            } else {
-                // The read found nothing to do for the id: neither does this.
-                pl.ctx
-                    .metrics
-                    .cdc_skips_total
-                    .with_label_values(&["stale"])
-                    .inc();
-                self.finish(&pos);
-            }
-        }
-        self.start_ready(pl);
-    }
-
-    /// Parks a trigger until the id's job (running or queued) ends; it is
-    /// then decided again from the database.
-    fn defer(&mut self, pl: &Pipeline, id: i64, pos: Pos) {
-        pl.ctx
-            .metrics
-            .cdc_skips_total
-            .with_label_values(&["job_running"])
-            .inc();
-        self.deferred.entry(id).or_default().push(pos);
-    }
-
-    /// Starts jobs from the ready queue up to [`max_jobs`]. Rows queued
-    /// here were read when their batch was decided, so starting them costs
-    /// no database round trip.
-    fn start_ready(&mut self, pl: &Pipeline) {
-        while self.running.len() < max_jobs(pl.max_in_flight, pl.ctx.waiting()) {
-            let Some((row, pos)) = self.ready.pop() else {
-                break;
-            };
-            if self.current(&pos) {
-                self.spawn(pl, row, pos);
-            }
-        }
-    }
-
-    fn spawn(&mut self, pl: &Pipeline, row: entity::OutboxEventRow, pos: Pos) {
-        let Some(state) = self.partitions.get(&pos.partition) else {
-            return;
-        };
-        let lease = state.lease.clone();
-        let serial = self.next_serial;
-        self.next_serial += 1;
-        let id = row.id;
-        self.running.insert(id, Running { serial });
-        let ctx = pl.ctx.clone();
-        let tx = self.done_tx.clone();
-        tokio::spawn(async move {
-            let end = job::run(ctx, row, lease).await;
-            let _ = tx.send(JobDone {
-                id,
-                serial,
-                pos,
-                end,
-            });
+        .insert(Header {
+            key: "outbox.source.topic",
+            value: Some(source_topic.as_str()),
+        })
+        .insert(Header {
+            key: "outbox.source.partition",
+            value: Some(&partition),
+        })
+        .insert(Header {
+            key: "outbox.source.offset",
+            value: Some(&offset),
         });
+    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(headers);
+    if let Some(k) = key.as_deref() {
+        record = record.key(k);
     }
-
-    fn release(&mut self, done: &JobDone) {
-        if self
-            .running
-            .get(&done.id)
-            .is_some_and(|r| r.serial == done.serial)
-        {
-            self.running.remove(&done.id);
-        }
-        if done.end.finishes_message() {
-            self.finish(&done.pos);
-        }
+    if let Some(v) = value.as_deref() {
+        record = record.payload(v);
     }
-
-    /// Ends the given jobs, then re-decides in one read the triggers that
-    /// waited for them, and refills the free slots.
-    async fn jobs_done(
-        &mut self,
-        pl: &Pipeline,
-        dones: Vec<JobDone>,
-        shutdown: &CancellationToken,
-    ) {
-        self.progress_at = tokio::time::Instant::now();
-        let mut again = Vec::new();
-        for done in dones {
-            self.release(&done);
-            if let Some(list) = self.deferred.remove(&done.id) {
-                let current: Vec<Pos> = list.into_iter().filter(|p| self.current(p)).collect();
-                let mut list = current.into_iter();
-                if let Some(first) = list.next() {
-                    again.push((done.id, first));
-                }
-                // One re-decision covers the id; the other triggers are done.
-                for pos in list {
-                    self.finish(&pos);
-                }
-            }
-        }
-        self.start_ready(pl);
-        if !again.is_empty() {
-            self.admit(pl, again, shutdown).await;
-        }
-    }
-
-    fn store_offsets(&mut self, pl: &Pipeline) {
-        let mut tpl = TopicPartitionList::new();
-        for (p, state) in self.partitions.iter_mut() {
-            if let Some(next) = state.offsets.take_committable() {
-                let _ = tpl.add_partition_offset(&pl.topic, *p, Offset::Offset(next));
-            }
-        }
-        if tpl.count() > 0 {
-            if let Err(e) = pl.consumer.store_offsets(&tpl) {
-                debug!(error = %e, "storing offsets failed (partition revoked?)");
-            }
-        }
-    }
-
-    /// Bounds what waits here: at the high mark the loop stops taking
-    /// messages (holds); it pauses the partitions when the hold lasts with
-    /// no job ending for [`PAUSE_AFTER`] (the jobs are stuck), or lasts
-    /// [`HOLD_MAX`] in all (slow jobs: rebalance callbacks are served only
-    /// by polling); once paused, at or below `max_in_flight` waiting rows it
-    /// resumes them.
-    ///
-    /// A busy backlog keeps the queue at or just under the high mark while
-    /// jobs keep ending, so a busy pipeline is not paused (a pause drops
-    /// librdkafka's prefetched messages, and the fetch after the resume
-    /// starves the jobs for a fetch cycle).
-    fn flow_control(&mut self, pl: &Pipeline) {
-        let waiting = self.ready.len();
-        if waiting >= ready_high(pl.max_in_flight) {
-            self.holding_since
-                .get_or_insert_with(tokio::time::Instant::now);
-        } else {
-            self.holding_since = None;
-            if self.paused && waiting <= pl.max_in_flight {
-                self.set_paused(pl, false);
-            }
-        }
-    }
-
-    /// Not taking messages: the ready queue is over its high mark and the
-    /// partitions are not paused yet (once paused, polling is safe again and
-    /// serves rebalance callbacks).
-    fn holding(&self, pl: &Pipeline) -> bool {
-        !self.paused && self.ready.len() >= ready_high(pl.max_in_flight)
-    }
-
-    fn pause_deadline(&self) -> tokio::time::Instant {
-        let since = self.holding_since.unwrap_or_else(tokio::time::Instant::now);
-        let quiet = since.max(self.progress_at) + PAUSE_AFTER;
-        quiet.min(since + HOLD_MAX)
-    }
-
-    fn set_paused(&mut self, pl: &Pipeline, pause: bool) {
-        let mut tpl = TopicPartitionList::new();
-        for p in self.partitions.keys() {
-            tpl.add_partition(&pl.topic, *p);
-        }
-        let result = if pause {
-            pl.consumer.pause(&tpl)
-        } else {
-            pl.consumer.resume(&tpl)
-        };
-        match result {
-            Ok(()) => {
-                self.paused = pause;
-                pl.ctx.metrics.consumer_paused.set(i64::from(pause));
-                if pause {
-                    pl.ctx.metrics.consumer_pauses_total.inc();
-                }
-                debug!(paused = pause, running = self.running.len(), "flow control");
-            }
-            Err(e) => {
-                warn!(error = %e, "pause/resume failed");
-                if pause {
-                    // Try again after another PAUSE_AFTER, not at once.
-                    self.holding_since = Some(tokio::time::Instant::now());
-                }
-            }
-        }
-    }
-}
-
-/// How long the loop may hold back (not take messages) with no job ending
-/// before it pauses the partitions. A pause drops librdkafka's prefetched
-/// messages and a resume takes a fetch cycle (up to a second on some
-/// brokers) before messages flow again, so waits on working jobs are
-/// bridged by simply not polling; librdkafka's own queue stays bounded by
-/// `queued.max.messages.kbytes`.
-const PAUSE_AFTER: Duration = Duration::from_millis(500);
-
-/// How long the loop may hold back in all, jobs ending or not, before it
-/// pauses: rebalance callbacks run only while it polls.
-const HOLD_MAX: Duration = Duration::from_secs(5);
-
-/// Jobs waiting out `retry_delay` that may exist per in-flight slot: they
-/// hold no slot, so a row that failed does not hold back fresh ones.
-pub const WAITING_PER_SLOT: usize = 4;
-
-/// How many jobs may exist now: `max_in_flight` holding a slot and as many
-/// waiting for one (a slot freed is taken without waiting for a turn of
-/// the consumer loop), plus one for each job waiting for its retry time,
-/// up to [`WAITING_PER_SLOT`] per slot.
-fn max_jobs(max_in_flight: usize, waiting: usize) -> usize {
-    (2 * max_in_flight).saturating_add(waiting.min(max_in_flight.saturating_mul(WAITING_PER_SLOT)))
-}
-
-/// How many decided rows may wait for a slot before fetching pauses.
-fn ready_high(max_in_flight: usize) -> usize {
-    (max_in_flight * 2).max(MAX_BATCH)
-}
-
-/// Reads rows, retrying while the database is down; `None` on shutdown.
-async fn read_rows(
-    pl: &Pipeline,
-    ids: &[i64],
-    shutdown: &CancellationToken,
-) -> Option<Vec<entity::OutboxEventRow>> {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match pl.ctx.store.get_many(ids).await {
-            Ok(rows) => return Some(rows),
-            Err(e) => {
-                warn!(error = %e, retry_in = ?backoff, "cannot read triggered rows; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return None,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-        }
+    if let Err((e, _)) = producer.send(record, Duration::from_secs(10)).await {
+        error!(error = %e, topic = %topic, "cannot write the invalid record to the dead-letter topic");
     }
 }

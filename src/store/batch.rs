@@ -31,6 +31,9 @@ pub const WINDOW: Duration = Duration::from_millis(2);
 /// the next batch's gathering and execution.
 pub const CONCURRENT_STATEMENTS: usize = 4;
 
+/// How long one batch's statements may take before the batch is dropped.
+pub const STATEMENT_DEADLINE: Duration = Duration::from_secs(15);
+
 const SENT_ACTION: &str = "marking events sent";
 const FAILURE_ACTION: &str = "registering failures";
 
@@ -148,7 +151,16 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Request>) {
         };
         let store = store.clone();
         tokio::spawn(async move {
-            write_batch(&store, batch).await;
+            // A connection that stops answering mid-statement (no reset,
+            // no keepalive) would hold these jobs for ever: past the
+            // deadline the batch is dropped, each job gets an error and
+            // writes again (finding its own write if it did commit).
+            if tokio::time::timeout(STATEMENT_DEADLINE, write_batch(&store, batch))
+                .await
+                .is_err()
+            {
+                tracing::warn!(deadline = ?STATEMENT_DEADLINE, "a status write did not answer in time; its jobs write again");
+            }
             drop(permit);
         });
     }
@@ -172,14 +184,37 @@ async fn write_batch(store: &Store, batch: Vec<Request>) {
     // One after the other: a batch holds one pool connection at a time.
     if !keys.is_empty() {
         let result = mark_sent_many(store, &keys).await;
-        let ids = keys.iter().map(|k| k.id);
-        answer(ids, sent_replies, result, Sent::NotFound);
+        if refused_batch(&result, keys.len()) {
+            // One row the database refuses must not fail its neighbours:
+            // each row alone, each job its own answer.
+            for (key, reply) in keys.into_iter().zip(sent_replies) {
+                let result = mark_sent_many(store, &[key]).await;
+                answer(std::iter::once(key.id), vec![reply], result, Sent::NotFound);
+            }
+        } else {
+            let ids = keys.iter().map(|k| k.id);
+            answer(ids, sent_replies, result, Sent::NotFound);
+        }
     }
     if !failures.is_empty() {
         let result = register_failure_many(store, &failures).await;
-        let ids = failures.iter().map(|f| f.seen.id);
-        answer(ids, failure_replies, result, Outcome::NotFound);
+        if refused_batch(&result, failures.len()) {
+            for (failure, reply) in failures.into_iter().zip(failure_replies) {
+                let id = failure.seen.id;
+                let result = register_failure_many(store, std::slice::from_ref(&failure)).await;
+                answer(std::iter::once(id), vec![reply], result, Outcome::NotFound);
+            }
+        } else {
+            let ids = failures.iter().map(|f| f.seen.id);
+            answer(ids, failure_replies, result, Outcome::NotFound);
+        }
     }
+}
+
+/// A batch of several rows that the database refused for what it holds:
+/// which row it was, only writing them one by one tells.
+fn refused_batch<T>(result: &Result<T, StoreError>, rows: usize) -> bool {
+    rows > 1 && result.as_ref().is_err_and(|e| !e.is_transient())
 }
 
 /// Hands each job (`ids` and `replies` in the same order) its row's
@@ -203,12 +238,20 @@ fn answer<T: Clone>(
         Err(e) => {
             let message = e.to_string();
             let action = match &e {
-                StoreError::Database { action, .. } => action,
+                StoreError::Database { action, .. } | StoreError::Refused { action, .. } => action,
                 StoreError::Connect { .. } => "connecting to the database",
             };
+            let transient = e.is_transient();
             for reply in replies {
-                let source = sea_orm::DbErr::Custom(message.clone());
-                let _ = reply.send(Err(db_err(action)(source)));
+                let error = if transient {
+                    db_err(action)(sea_orm::DbErr::Custom(message.clone()))
+                } else {
+                    StoreError::Refused {
+                        action,
+                        message: message.clone(),
+                    }
+                };
+                let _ = reply.send(Err(error));
             }
         }
     }

@@ -37,6 +37,49 @@ pub enum StoreError {
     },
     #[error("cannot connect to the database at {url}: {message}")]
     Connect { url: String, message: String },
+    /// The database refused the statement for what it holds (a value too
+    /// long, a constraint): trying the same write again cannot succeed.
+    #[error("the database refused the write while {action}: {message}")]
+    Refused {
+        action: &'static str,
+        message: String,
+    },
+}
+
+impl StoreError {
+    /// Whether the same statement may succeed later: a lost connection, a
+    /// timeout, a lock conflict, a server restarting. A data or constraint
+    /// error (SQLSTATE classes 22, 23, 42, 44) or a value that cannot be
+    /// decoded is permanent for the rows it names.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Connect { .. } => true,
+            StoreError::Refused { .. } => false,
+            StoreError::Database { source, .. } => is_transient(source),
+        }
+    }
+}
+
+/// See [`StoreError::is_transient`].
+pub fn is_transient(err: &DbErr) -> bool {
+    use sea_orm::sqlx::Error as Sqlx;
+    let runtime = match err {
+        DbErr::Conn(r) | DbErr::Exec(r) | DbErr::Query(r) => r,
+        DbErr::ConnectionAcquire(_) | DbErr::Custom(_) => return true,
+        _ => return false,
+    };
+    let sea_orm::RuntimeErr::SqlxError(sqlx) = runtime else {
+        return true;
+    };
+    match sqlx.as_ref() {
+        Sqlx::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            !matches!(code.get(..2), Some("22" | "23" | "42" | "44"))
+        }
+        Sqlx::ColumnDecode { .. } | Sqlx::Decode(_) | Sqlx::TypeNotFound { .. } => false,
+        Sqlx::ColumnNotFound(_) | Sqlx::ColumnIndexOutOfBounds { .. } => false,
+        _ => true,
+    }
 }
 
 pub(crate) fn db_err(action: &'static str) -> impl FnOnce(DbErr) -> StoreError {
@@ -62,6 +105,24 @@ pub enum RetryRefused {
     NotFailed { id: i64, status: Status },
 }
 
+/// One row of a batched read, decoded on its own: a row that cannot be
+/// decoded (a status outside the three, a NULL where the entity needs a
+/// value, a column of another type) does not fail its neighbours' read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RowRead {
+    Row(OutboxEventRow),
+    Undecodable { id: i64, error: String },
+}
+
+impl RowRead {
+    pub fn id(&self) -> i64 {
+        match self {
+            RowRead::Row(row) => row.id,
+            RowRead::Undecodable { id, .. } => *id,
+        }
+    }
+}
+
 /// Filters of `events list` and `GET /admin/events`.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
@@ -84,6 +145,10 @@ pub struct Store {
     db: DatabaseConnection,
     table: String,
     max_attempts: i32,
+    /// The `last_error` column's length in characters, when it has one
+    /// (a Rails `string` column is `varchar(255)`): errors are cut to it,
+    /// or a strict-mode MySQL refuses the whole write.
+    last_error_chars: Option<usize>,
 }
 
 /// Now, in UTC, at the microsecond precision every backend stores, so the
@@ -95,11 +160,23 @@ pub fn now() -> NaiveDateTime {
 
 /// Cuts `error` to [`MAX_LAST_ERROR_BYTES`] on a character boundary.
 pub fn truncate_error(error: &str) -> String {
-    if error.len() <= MAX_LAST_ERROR_BYTES {
+    truncate_error_to(error, None)
+}
+
+/// Cuts `error` to [`MAX_LAST_ERROR_BYTES`] and, when given, to
+/// `max_chars` characters (a `varchar(N)` column), marking the cut.
+pub fn truncate_error_to(error: &str, max_chars: Option<usize>) -> String {
+    let marker = "…";
+    let chars = max_chars.unwrap_or(usize::MAX);
+    let fits_chars = || error.chars().nth(chars).is_none();
+    if error.len() <= MAX_LAST_ERROR_BYTES && (max_chars.is_none() || fits_chars()) {
         return error.to_owned();
     }
-    let marker = "…";
     let mut end = MAX_LAST_ERROR_BYTES - marker.len();
+    if let Some((at, _)) = error.char_indices().nth(chars.saturating_sub(1)) {
+        end = end.min(at);
+    }
+    end = end.min(error.len());
     while !error.is_char_boundary(end) {
         end -= 1;
     }
@@ -127,7 +204,9 @@ impl Store {
                 url: crate::config::secret_free_url(url),
                 message: e.to_string(),
             })?;
-        Ok(Self::new(db, table, max_attempts))
+        let mut store = Self::new(db, table, max_attempts);
+        store.learn_columns().await;
+        Ok(store)
     }
 
     pub fn new(db: DatabaseConnection, table: &str, max_attempts: i32) -> Self {
@@ -135,7 +214,46 @@ impl Store {
             db,
             table: table.to_owned(),
             max_attempts,
+            last_error_chars: None,
         }
+    }
+
+    /// Learns the length of `last_error` from the catalogue (no table yet,
+    /// or no length: errors are cut to [`MAX_LAST_ERROR_BYTES`] only).
+    pub async fn learn_columns(&mut self) {
+        let sql = match self.backend() {
+            DbBackend::Postgres => {
+                "SELECT character_maximum_length::bigint AS n FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = $1 AND column_name = 'last_error'"
+            }
+            DbBackend::MySql => {
+                "SELECT CAST(character_maximum_length AS SIGNED) AS n FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'last_error'"
+            }
+            _ => return,
+        };
+        let stmt = sea_orm::Statement::from_sql_and_values(
+            self.backend(),
+            sql,
+            [self.table.clone().into()],
+        );
+        match self.db.query_one_raw(stmt).await {
+            Ok(Some(row)) => {
+                self.last_error_chars = row
+                    .try_get::<Option<i64>>("", "n")
+                    .ok()
+                    .flatten()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|n| *n > 0);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!(error = %e, "cannot read the length of last_error"),
+        }
+    }
+
+    /// Cuts an error to what `last_error` holds (see [`truncate_error_to`]).
+    pub fn truncate_error(&self, error: &str) -> String {
+        truncate_error_to(error, self.last_error_chars)
     }
 
     pub fn connection(&self) -> &DatabaseConnection {
@@ -194,6 +312,33 @@ impl Store {
             .collect()
     }
 
+    /// As [`Store::get_many`], each row decoded on its own. A row whose
+    /// very id cannot be read is left out (it reads as missing).
+    pub async fn read_rows(&self, ids: &[i64]) -> Result<Vec<RowRead>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let stmt = self.select_ids(ids);
+        let rows = self
+            .db
+            .query_all(&stmt)
+            .await
+            .map_err(db_err("reading events"))?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| match OutboxEventRow::from_query_result(r, "") {
+                Ok(row) => Some(RowRead::Row(row)),
+                Err(e) => r
+                    .try_get::<i64>("", "id")
+                    .ok()
+                    .map(|id| RowRead::Undecodable {
+                        id,
+                        error: e.to_string(),
+                    }),
+            })
+            .collect())
+    }
+
     pub async fn get(&self, id: i64) -> Result<Option<OutboxEventRow>, StoreError> {
         let stmt = self
             .select_rows()
@@ -214,13 +359,17 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        let stmt = self.select_ids(ids);
+        self.fetch(&stmt).await.map_err(db_err("reading events"))
+    }
+
+    fn select_ids(&self, ids: &[i64]) -> SelectStatement {
         let which = if self.backend() == DbBackend::Postgres {
             Expr::col(Column::Id).eq(PgFunc::any(Expr::val(ids.to_vec())))
         } else {
             Expr::col(Column::Id).is_in(ids.iter().copied())
         };
-        let stmt = self.select_rows().and_where(which).to_owned();
-        self.fetch(&stmt).await.map_err(db_err("reading events"))
+        self.select_rows().and_where(which).to_owned()
     }
 
     pub async fn list(&self, filter: &ListFilter) -> Result<Vec<OutboxEventRow>, StoreError> {
@@ -331,7 +480,7 @@ impl Store {
         let mut next = seen.clone();
         next.attempts = seen.attempts + 1;
         next.status = next_status_after_failure(next.attempts, self.max_attempts);
-        next.last_error = Some(truncate_error(error));
+        next.last_error = Some(self.truncate_error(error));
         next.updated_at = now;
         next
     }

@@ -530,3 +530,81 @@ mod batched {
         }
     }
 }
+
+mod refused {
+    //! Writes the database refuses for what one row holds: cut to the
+    //! column's length where that is the cause, and never failing the
+    //! neighbours batched with that row.
+    use super::*;
+    use outbox_sidecar::store::batch::StatusWriter;
+    use sea_orm::ConnectionTrait;
+
+    /// A Rails `string` column is `varchar(255)`; strict MySQL and
+    /// PostgreSQL refuse a longer value (1406 / 22001).
+    async fn last_error_fits_a_varchar_255(backend: Backend) {
+        let db = TestDb::new(backend).await;
+        let store = db.store(3).await;
+        let sql = match backend {
+            Backend::MySql => "ALTER TABLE outbox_events MODIFY last_error varchar(255) NULL",
+            _ => "ALTER TABLE outbox_events ALTER COLUMN last_error TYPE varchar(255)",
+        };
+        store.connection().execute_unprepared(sql).await.unwrap();
+        // Connecting learns the column's length.
+        let store = db.store(3).await;
+        let row = pending(&store).await;
+        let error = format!("HTTP 500: {}", "é".repeat(300));
+        let next = applied(store.register_failure(&row, &error).await.unwrap());
+        let stored = store.get(row.id).await.unwrap().unwrap();
+        assert_eq!(stored, next);
+        let err = stored.last_error.clone().unwrap();
+        assert_eq!(err.chars().count(), 255, "{err}");
+        assert!(err.starts_with("HTTP 500: éé") && err.ends_with('…'));
+        // Batched the same way.
+        let writer = StatusWriter::spawn(store.clone());
+        let next = applied(writer.register_failure(&stored, &error).await.unwrap());
+        assert_eq!(next.last_error.unwrap().chars().count(), 255);
+    }
+
+    #[tokio::test]
+    async fn last_error_fits_a_varchar_255_postgres() {
+        last_error_fits_a_varchar_255(Backend::Postgres).await
+    }
+
+    #[tokio::test]
+    async fn last_error_fits_a_varchar_255_mariadb() {
+        last_error_fits_a_varchar_255(Backend::MySql).await
+    }
+
+    #[tokio::test]
+    async fn a_refused_row_does_not_fail_the_rows_batched_with_it() {
+        let db = TestDb::postgres().await;
+        let store = db.store(3).await;
+        store
+            .connection()
+            .execute_unprepared(
+                "ALTER TABLE outbox_events ADD CONSTRAINT no_poison \
+                 CHECK (last_error IS NULL OR last_error NOT LIKE '%poison%')",
+            )
+            .await
+            .unwrap();
+        let poison = pending(&store).await;
+        let fine = pending(&store).await;
+        let sent = pending(&store).await;
+        let writer = StatusWriter::spawn(store.clone());
+        // Polled together: they reach the writer within one batch window.
+        let (refused, failed, marked) = tokio::join!(
+            writer.register_failure(&poison, "HTTP 500: poison"),
+            writer.register_failure(&fine, "HTTP 503"),
+            writer.mark_sent(&sent),
+        );
+        let err = refused.expect_err("the check constraint refuses it");
+        assert!(!err.is_transient(), "a constraint is permanent: {err}");
+        assert_eq!(applied(failed.unwrap()).attempts, 1);
+        assert!(matches!(
+            marked.unwrap(),
+            outbox_sidecar::store::batch::Sent::Applied { .. }
+        ));
+        let stored = store.get(poison.id).await.unwrap().unwrap();
+        assert_eq!(stored, poison, "the refused row keeps its state");
+    }
+}

@@ -1,0 +1,722 @@
+//! The consumer's decisions, with no Kafka and no database in them: which
+//! rows to read, which jobs to start, which offsets may be committed, when
+//! to stop fetching. The driver ([`super::Pipeline`]) tells the
+//! [`Scheduler`] what happened (messages decoded, rows read, jobs ended,
+//! partitions assigned or revoked, time passing) and carries out what it
+//! answers; nothing here awaits, so nothing here can stall the loop.
+//!
+//! The life of a trigger (a change event announcing a pending row):
+//!
+//! ```text
+//!  trigger ──► (id busy here?) ──yes──► deferred until the id is free, then decided again
+//!     │no
+//!     ▼
+//!  to read ──► read (the driver, off the loop) ──► row pending, not older than the event ──► ready ──► job
+//!                 │                                    row sent/failed, as new as the event ──► finished (stale)
+//!                 │                                    row undecodable ──► finished (logged, counted)
+//!                 ├─ row missing, or older than the event ──► re-read with backoff, up to
+//!                 │    `visibility_timeout`; then decided on the row as read (missing → finished)
+//!                 └─ read failed (database down, deadline) ──► re-read with backoff, no bound
+//! ```
+//!
+//! An id has at most one piece of work here at a time (reading, waiting for
+//! a re-read, ready or running); a second trigger for it waits in `deferred`
+//! and is decided again from the database when the id is free. A later
+//! trigger for an id waiting for a re-read replaces it (the newer event
+//! says at least as much).
+//!
+//! Every message is *begun* in its partition's [`PartitionOffsets`] when it
+//! is collected, stamped with the generation of the assignment it came from,
+//! and *finished* when decided; a message of an earlier generation is
+//! ignored, so a revoke never lets an offset of the next assignment be
+//! committed early.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use chrono::NaiveDateTime;
+use entity::{OutboxEventRow, Status};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::offsets::PartitionOffsets;
+use crate::cdc::Trigger;
+use crate::metrics::Metrics;
+use crate::store::RowRead;
+
+/// How many triggers one row read covers.
+pub const MAX_READ: usize = 512;
+/// Row reads under way at once.
+pub const MAX_CONCURRENT_READS: usize = 2;
+/// The first re-read of a row not yet visible; doubled up to [`RECHECK_MAX`].
+const RECHECK_FIRST: Duration = Duration::from_millis(50);
+const RECHECK_MAX: Duration = Duration::from_secs(2);
+/// Back-off after a failed read (database down), doubled up to [`READ_RETRY_MAX`].
+const READ_RETRY_FIRST: Duration = Duration::from_millis(100);
+const READ_RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long the loop may hold back (not take messages) with no work ending
+/// before it pauses the partitions. A pause drops librdkafka's prefetched
+/// messages and a resume takes a fetch cycle before messages flow again, so
+/// short waits are bridged by simply not polling.
+pub const PAUSE_AFTER: Duration = Duration::from_millis(500);
+/// How long the loop may hold back in all before it pauses: rebalance
+/// callbacks run only while it polls.
+pub const HOLD_MAX: Duration = Duration::from_secs(5);
+/// Jobs waiting out `retry_delay` that may exist per in-flight slot: they
+/// hold no slot, so a row that failed does not hold back fresh ones.
+pub const WAITING_PER_SLOT: usize = 4;
+
+/// A message whose work is outstanding: where it is and which assignment
+/// of its partition it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pos {
+    pub partition: i32,
+    pub generation: u64,
+    pub offset: i64,
+}
+
+/// What the change event said of the row, to tell a row read too early
+/// (before the event's write is visible to this connection) from one that
+/// moved on since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expect {
+    pub attempts: i32,
+    pub updated_at: Option<NaiveDateTime>,
+}
+
+impl From<&Trigger> for Expect {
+    fn from(t: &Trigger) -> Self {
+        Expect {
+            attempts: t.attempts,
+            updated_at: t.updated_at,
+        }
+    }
+}
+
+impl Expect {
+    /// Whether `row` is an earlier version of the row than the event's.
+    /// `updated_at` is set on every write, so it orders versions; without
+    /// it, a pending row with fewer attempts than the event is earlier. (A
+    /// resend lowers the attempts, so they cannot order a terminal row.)
+    pub fn is_newer_than(&self, row: &OutboxEventRow) -> bool {
+        match self.updated_at {
+            Some(at) => row.updated_at < at,
+            None => row.status == Status::Pending && row.attempts < self.attempts,
+        }
+    }
+}
+
+/// A trigger waiting for (or in) a read.
+#[derive(Debug, Clone, Copy)]
+struct Wanted {
+    id: i64,
+    pos: Pos,
+    expect: Expect,
+    /// When the row was first found missing or older than the event.
+    early_since: Option<Instant>,
+    /// Re-reads so far (missing/older rows and failed reads alike).
+    tries: u32,
+}
+
+impl Wanted {
+    fn new(id: i64, pos: Pos, expect: Expect) -> Self {
+        Wanted {
+            id,
+            pos,
+            expect,
+            early_since: None,
+            tries: 0,
+        }
+    }
+}
+
+/// The one piece of work an id has here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    /// In `to_read` or in a read under way.
+    Reading,
+    /// Waiting for a re-read (in `rechecks`).
+    Recheck,
+    /// Read pending; in the ready queue.
+    Ready,
+    /// A job runs (serial: which one).
+    Running(u64),
+}
+
+/// A job the driver must start.
+#[derive(Debug)]
+pub struct Start {
+    pub row: OutboxEventRow,
+    pub pos: Pos,
+    /// Names this job in [`Scheduler::job_ended`].
+    pub serial: u64,
+}
+
+/// A read the driver must make; its result goes to [`Scheduler::rows_read`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    pub ticket: u64,
+    pub ids: Vec<i64>,
+}
+
+/// Fetching to pause or resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Pause,
+    Resume,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_in_flight: usize,
+    /// How long a row that is missing or older than its event is re-read
+    /// before the event is decided on the row as read.
+    pub visibility_timeout: Duration,
+}
+
+struct Partition {
+    generation: u64,
+    offsets: PartitionOffsets,
+}
+
+pub struct Scheduler {
+    limits: Limits,
+    metrics: Metrics,
+    partitions: HashMap<i32, Partition>,
+    next_generation: u64,
+    next_serial: u64,
+    next_ticket: u64,
+    work: HashMap<i64, Work>,
+    /// Triggers for busy ids, decided again when the id is free.
+    deferred: HashMap<i64, Vec<(Pos, Expect)>>,
+    to_read: VecDeque<Wanted>,
+    reads: HashMap<u64, Vec<Wanted>>,
+    /// Re-reads due, by id.
+    rechecks: HashMap<i64, (Instant, Wanted)>,
+    ready: VecDeque<(OutboxEventRow, Pos)>,
+    running: usize,
+    paused: bool,
+    /// Since when the loop has been holding back.
+    holding_since: Option<Instant>,
+    /// When work last ended (what waits here can move).
+    progress_at: Instant,
+}
+
+impl Scheduler {
+    pub fn new(limits: Limits, metrics: Metrics, now: Instant) -> Self {
+        Scheduler {
+            limits,
+            metrics,
+            partitions: HashMap::new(),
+            next_generation: 1,
+            next_serial: 1,
+            next_ticket: 1,
+            work: HashMap::new(),
+            deferred: HashMap::new(),
+            to_read: VecDeque::new(),
+            reads: HashMap::new(),
+            rechecks: HashMap::new(),
+            ready: VecDeque::new(),
+            running: 0,
+            paused: false,
+            holding_since: None,
+            progress_at: now,
+        }
+    }
+
+    // ---- the group ----
+
+    /// Partitions assigned: each starts a new generation. Returns whether
+    /// fetching must be resumed (an assignment starts unpaused).
+    pub fn assign(&mut self, parts: &[i32]) -> Option<Flow> {
+        for &p in parts {
+            let generation = self.next_generation;
+            self.next_generation += 1;
+            self.partitions.insert(
+                p,
+                Partition {
+                    generation,
+                    offsets: PartitionOffsets::default(),
+                },
+            );
+        }
+        if self.paused {
+            self.paused = false;
+            self.holding_since = None;
+            return Some(Flow::Resume);
+        }
+        None
+    }
+
+    /// Partitions revoked: everything of theirs not yet running is dropped
+    /// (the next owner reads those messages again); running jobs are the
+    /// driver's to cancel, and end here through [`Self::job_ended`].
+    pub fn revoke(&mut self, parts: &[i32]) {
+        for &p in parts {
+            if let Some(state) = self.partitions.remove(&p) {
+                info!(
+                    partition = p,
+                    unfinished = state.offsets.unfinished(),
+                    "partition revoked"
+                );
+            }
+        }
+        let gone = |pos: &Pos| parts.contains(&pos.partition);
+        let mut freed = Vec::new();
+        self.ready.retain(|(row, pos)| {
+            let keep = !gone(pos);
+            if !keep {
+                freed.push(row.id);
+            }
+            keep
+        });
+        self.to_read.retain(|w| {
+            let keep = !gone(&w.pos);
+            if !keep {
+                freed.push(w.id);
+            }
+            keep
+        });
+        self.rechecks.retain(|id, (_, w)| {
+            let keep = !gone(&w.pos);
+            if !keep {
+                freed.push(*id);
+            }
+            keep
+        });
+        for id in freed {
+            self.work.remove(&id);
+        }
+        self.deferred.retain(|_, list| {
+            list.retain(|(pos, _)| !gone(pos));
+            !list.is_empty()
+        });
+    }
+
+    /// Stamps a message collected from `partition` with its assignment's
+    /// generation and begins its work; `None` when the partition is not
+    /// (or no longer) ours: the next owner reads it again.
+    pub fn begin(&mut self, partition: i32, offset: i64) -> Option<Pos> {
+        let state = self.partitions.get_mut(&partition)?;
+        state.offsets.begin(offset);
+        Some(Pos {
+            partition,
+            generation: state.generation,
+            offset,
+        })
+    }
+
+    /// The message's work is done (skipped, invalid, decided).
+    pub fn finish(&mut self, pos: &Pos) {
+        if let Some(state) = self.partitions.get_mut(&pos.partition) {
+            if state.generation == pos.generation {
+                state.offsets.finish(pos.offset);
+            }
+        }
+    }
+
+    fn current(&self, pos: &Pos) -> bool {
+        self.partitions
+            .get(&pos.partition)
+            .is_some_and(|s| s.generation == pos.generation)
+    }
+
+    // ---- messages ----
+
+    /// A change event announcing a pending row.
+    pub fn trigger(&mut self, trigger: &Trigger, pos: Pos) {
+        self.admit(trigger.id, pos, Expect::from(trigger));
+    }
+
+    fn admit(&mut self, id: i64, pos: Pos, expect: Expect) {
+        if !self.current(&pos) {
+            return;
+        }
+        match self.work.get(&id) {
+            None => {
+                self.work.insert(id, Work::Reading);
+                self.to_read.push_back(Wanted::new(id, pos, expect));
+            }
+            Some(Work::Recheck) => {
+                // The newer event replaces the one waiting (at its next read).
+                if let Some((_, w)) = self.rechecks.get_mut(&id) {
+                    let old = std::mem::replace(&mut w.pos, pos);
+                    w.expect = expect;
+                    self.finish(&old);
+                }
+            }
+            Some(_) => {
+                self.metrics
+                    .cdc_skips_total
+                    .with_label_values(&["job_running"])
+                    .inc();
+                self.deferred.entry(id).or_default().push((pos, expect));
+            }
+        }
+    }
+
+    /// A delete of row `id`: a re-read waiting for it ends (the row is
+    /// gone for good); the delete's own message is finished by the caller.
+    pub fn deleted(&mut self, id: i64) {
+        if let Some((_, w)) = self.rechecks.remove(&id) {
+            self.metrics
+                .cdc_skips_total
+                .with_label_values(&["row_missing"])
+                .inc();
+            info!(
+                id,
+                partition = w.pos.partition,
+                offset = w.pos.offset,
+                "row deleted while waiting for it to become visible"
+            );
+            self.finish(&w.pos);
+            self.free(id);
+        }
+    }
+
+    // ---- reads ----
+
+    /// The reads to make now: re-reads that are due, then new triggers, at
+    /// most [`MAX_CONCURRENT_READS`] under way.
+    pub fn take_reads(&mut self, now: Instant) -> Vec<Read> {
+        let due: Vec<i64> = self
+            .rechecks
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            if let Some((_, w)) = self.rechecks.remove(&id) {
+                self.work.insert(id, Work::Reading);
+                self.to_read.push_front(w);
+            }
+        }
+        let mut out = Vec::new();
+        while self.reads.len() < MAX_CONCURRENT_READS && !self.to_read.is_empty() {
+            let n = self.to_read.len().min(MAX_READ);
+            let batch: Vec<Wanted> = self.to_read.drain(..n).collect();
+            let ticket = self.next_ticket;
+            self.next_ticket += 1;
+            out.push(Read {
+                ticket,
+                ids: batch.iter().map(|w| w.id).collect(),
+            });
+            self.reads.insert(ticket, batch);
+        }
+        out
+    }
+
+    /// The answer to read `ticket`: the rows found (or `Err` with why the
+    /// read failed: it is made again after a back-off).
+    pub fn rows_read(&mut self, ticket: u64, result: Result<Vec<RowRead>, String>, now: Instant) {
+        let Some(batch) = self.reads.remove(&ticket) else {
+            return;
+        };
+        self.progress_at = now;
+        let mut rows = match result {
+            Ok(rows) => rows
+                .into_iter()
+                .map(|r| (r.id(), r))
+                .collect::<HashMap<i64, RowRead>>(),
+            Err(error) => {
+                self.metrics.row_reads_failed_total.inc();
+                warn!(%error, rows = batch.len(), "cannot read triggered rows; reading them again later");
+                for mut w in batch {
+                    if !self.current(&w.pos) {
+                        self.free(w.id);
+                        continue;
+                    }
+                    w.tries += 1;
+                    let wait = backoff(READ_RETRY_FIRST, READ_RETRY_MAX, w.tries);
+                    self.recheck(w, now + wait);
+                }
+                return;
+            }
+        };
+        for w in batch {
+            if !self.current(&w.pos) {
+                self.free(w.id);
+                continue;
+            }
+            let read = rows.remove(&w.id);
+            self.decide(w, read, now);
+        }
+    }
+
+    fn decide(&mut self, mut w: Wanted, read: Option<RowRead>, now: Instant) {
+        let early = match &read {
+            None => true,
+            Some(RowRead::Row(row)) => w.expect.is_newer_than(row),
+            Some(RowRead::Undecodable { .. }) => false,
+        };
+        if early {
+            let since = *w.early_since.get_or_insert(now);
+            if now.saturating_duration_since(since) < self.limits.visibility_timeout {
+                w.tries += 1;
+                let wait = backoff(RECHECK_FIRST, RECHECK_MAX, w.tries);
+                debug!(
+                    id = w.id,
+                    tries = w.tries,
+                    missing = read.is_none(),
+                    "row not yet as the event says; reading it again"
+                );
+                self.recheck(w, now + wait);
+                return;
+            }
+            let saw = match &read {
+                None => "no row".to_owned(),
+                Some(RowRead::Row(row)) => format!(
+                    "row {} with {} attempts, updated_at {}",
+                    row.status, row.attempts, row.updated_at
+                ),
+                Some(RowRead::Undecodable { .. }) => "an undecodable row".to_owned(),
+            };
+            warn!(
+                id = w.id,
+                partition = w.pos.partition,
+                offset = w.pos.offset,
+                saw = %saw,
+                expected_attempts = w.expect.attempts,
+                expected_updated_at = ?w.expect.updated_at,
+                waited = ?self.limits.visibility_timeout,
+                "the row never became visible as the change event announced it; deciding on the row as read"
+            );
+        } else if w.early_since.is_some() {
+            self.metrics.cdc_rows_visible_late_total.inc();
+            info!(
+                id = w.id,
+                partition = w.pos.partition,
+                offset = w.pos.offset,
+                tries = w.tries,
+                "row became visible after its change event"
+            );
+        }
+        let reason = match read {
+            Some(RowRead::Row(row)) if row.status == Status::Pending => {
+                self.work.insert(w.id, Work::Ready);
+                self.ready.push_back((row, w.pos));
+                return;
+            }
+            Some(RowRead::Row(row)) => {
+                debug!(id = w.id, status = %row.status, "stale trigger skipped");
+                if early {
+                    "row_older"
+                } else {
+                    "stale"
+                }
+            }
+            Some(RowRead::Undecodable { id, error }) => {
+                warn!(
+                    id,
+                    partition = w.pos.partition,
+                    offset = w.pos.offset,
+                    %error,
+                    "row cannot be decoded; its change event is skipped (the row stays as it is)"
+                );
+                "undecodable_row"
+            }
+            None => "row_missing",
+        };
+        self.metrics
+            .cdc_skips_total
+            .with_label_values(&[reason])
+            .inc();
+        self.finish(&w.pos);
+        self.free(w.id);
+    }
+
+    fn recheck(&mut self, w: Wanted, due: Instant) {
+        self.work.insert(w.id, Work::Recheck);
+        self.rechecks.insert(w.id, (due, w));
+    }
+
+    /// The id has no work here any more: the first trigger that waited for
+    /// it is decided again, the others with it.
+    fn free(&mut self, id: i64) {
+        self.work.remove(&id);
+        let Some(list) = self.deferred.remove(&id) else {
+            return;
+        };
+        let mut current = list.into_iter().filter(|(pos, _)| self.current(pos));
+        let Some((pos, expect)) = current.next() else {
+            return;
+        };
+        let rest: Vec<Pos> = current.map(|(pos, _)| pos).collect();
+        for pos in &rest {
+            self.finish(pos);
+        }
+        self.admit(id, pos, expect);
+    }
+
+    // ---- jobs ----
+
+    /// Jobs to start now, up to the job limit (`waiting`: jobs waiting out
+    /// `retry_delay`, which hold no in-flight slot).
+    pub fn take_starts(&mut self, waiting: usize) -> Vec<Start> {
+        let mut out = Vec::new();
+        while self.running < max_jobs(self.limits.max_in_flight, waiting) {
+            let Some((row, pos)) = self.ready.pop_front() else {
+                break;
+            };
+            if !self.current(&pos) {
+                self.free(row.id);
+                continue;
+            }
+            let serial = self.next_serial;
+            self.next_serial += 1;
+            self.running += 1;
+            self.work.insert(row.id, Work::Running(serial));
+            out.push(Start { row, pos, serial });
+        }
+        out
+    }
+
+    /// Job `serial` for `id` ended; `finished`: its message's work is done
+    /// (sent, failed, conflict), else it must be replayed by the next owner.
+    pub fn job_ended(&mut self, id: i64, serial: u64, pos: &Pos, finished: bool, now: Instant) {
+        self.progress_at = now;
+        self.running = self.running.saturating_sub(1);
+        if finished {
+            self.finish(pos);
+        }
+        if self.work.get(&id) == Some(&Work::Running(serial)) {
+            self.free(id);
+        }
+    }
+
+    // ---- offsets ----
+
+    /// Offsets that moved since the last call (to store).
+    pub fn take_commits(&mut self) -> Vec<(i32, i64)> {
+        self.partitions
+            .iter_mut()
+            .filter_map(|(p, s)| s.offsets.take_committable().map(|o| (*p, o)))
+            .collect()
+    }
+
+    /// Every partition's committable offset (the final commit).
+    pub fn commits(&self) -> Vec<(i32, i64)> {
+        self.partitions
+            .iter()
+            .filter_map(|(p, s)| s.offsets.committable().map(|o| (*p, o)))
+            .collect()
+    }
+
+    pub fn partitions(&self) -> Vec<i32> {
+        self.partitions.keys().copied().collect()
+    }
+
+    // ---- flow control ----
+
+    /// Triggers decided or being decided, not yet running.
+    pub fn held(&self) -> usize {
+        self.ready.len()
+            + self.to_read.len()
+            + self.rechecks.len()
+            + self.reads.values().map(Vec::len).sum::<usize>()
+    }
+
+    pub fn running(&self) -> usize {
+        self.running
+    }
+
+    /// Not taking messages: too much waits here, and the partitions are not
+    /// paused yet (once paused, polling is safe again and serves rebalance
+    /// callbacks).
+    pub fn holding(&self) -> bool {
+        !self.paused && self.held() >= high_mark(self.limits.max_in_flight)
+    }
+
+    /// Bounds what waits here: holding starts a clock; the partitions are
+    /// paused when the hold lasts [`PAUSE_AFTER`] with no work ending, or
+    /// [`HOLD_MAX`] in all; once paused, fetching resumes when at most
+    /// `max_in_flight` triggers wait. A busy backlog bobs at the high mark
+    /// with work ending all the time, so it is not paused.
+    pub fn flow(&mut self, now: Instant) -> Option<Flow> {
+        let held = self.held();
+        if held >= high_mark(self.limits.max_in_flight) {
+            let since = *self.holding_since.get_or_insert(now);
+            if !self.paused && now >= pause_deadline(since, self.progress_at) {
+                self.paused = true;
+                return Some(Flow::Pause);
+            }
+        } else {
+            self.holding_since = None;
+            if self.paused && held <= self.limits.max_in_flight {
+                self.paused = false;
+                return Some(Flow::Resume);
+            }
+        }
+        None
+    }
+
+    /// The pause or resume could not be made: try again later.
+    pub fn flow_failed(&mut self, flow: Flow, now: Instant) {
+        match flow {
+            Flow::Pause => {
+                self.paused = false;
+                self.holding_since = Some(now);
+            }
+            Flow::Resume => self.paused = true,
+        }
+    }
+
+    pub fn paused(&self) -> bool {
+        self.paused
+    }
+
+    /// When the driver must call back without any other event: a re-read
+    /// falls due, or a hold reaches its pause deadline.
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        let recheck = self.rechecks.values().map(|(at, _)| *at).min();
+        let pause = self
+            .holding_since
+            .filter(|_| !self.paused)
+            .map(|since| pause_deadline(since, self.progress_at));
+        match (recheck, pause) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Drops everything not running (shutdown).
+    pub fn clear_waiting(&mut self) {
+        self.ready.clear();
+        self.to_read.clear();
+        self.rechecks.clear();
+        self.deferred.clear();
+        self.work.retain(|_, w| matches!(w, Work::Running(_)));
+    }
+
+    /// Ids with work here (for tests and logs).
+    pub fn busy_ids(&self) -> HashSet<i64> {
+        self.work.keys().copied().collect()
+    }
+}
+
+fn pause_deadline(since: Instant, progress_at: Instant) -> Instant {
+    (since.max(progress_at) + PAUSE_AFTER).min(since + HOLD_MAX)
+}
+
+fn backoff(first: Duration, max: Duration, tries: u32) -> Duration {
+    first
+        .saturating_mul(1u32 << tries.saturating_sub(1).min(16))
+        .min(max)
+}
+
+/// How many jobs may exist now: `max_in_flight` holding a slot and as many
+/// waiting for one (a slot freed is taken without waiting for a turn of
+/// the consumer loop), plus one for each job waiting for its retry time,
+/// up to [`WAITING_PER_SLOT`] per slot.
+pub fn max_jobs(max_in_flight: usize, waiting: usize) -> usize {
+    (2 * max_in_flight).saturating_add(waiting.min(max_in_flight.saturating_mul(WAITING_PER_SLOT)))
+}
+
+/// How many triggers may wait here before fetching holds.
+pub fn high_mark(max_in_flight: usize) -> usize {
+    (max_in_flight * 2).max(MAX_READ)
+}
+
+#[cfg(test)]
+#[path = "schedule_tests.rs"]
+mod tests;

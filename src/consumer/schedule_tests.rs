@@ -1,0 +1,406 @@
+//! The scheduler's decisions, driven by hand: no broker, no database, a
+//! clock that moves only when a test says so.
+
+use super::*;
+use crate::cdc::Op;
+
+const T0: &str = "2026-12-01T10:00:00";
+
+fn ts(offset_ms: i64) -> NaiveDateTime {
+    NaiveDateTime::parse_from_str(T0, "%Y-%m-%dT%H:%M:%S").unwrap()
+        + chrono::Duration::milliseconds(offset_ms)
+}
+
+fn row(id: i64, status: Status, attempts: i32, updated_ms: i64) -> OutboxEventRow {
+    OutboxEventRow {
+        id,
+        event_name: "accounts.purchase_create".into(),
+        payload: serde_json::json!({"n": id}),
+        status,
+        attempts,
+        last_error: None,
+        sent_at: None,
+        created_at: ts(0),
+        updated_at: ts(updated_ms),
+    }
+}
+
+fn trig(id: i64, attempts: i32, updated_ms: i64) -> Trigger {
+    Trigger {
+        id,
+        op: Op::Create,
+        attempts,
+        updated_at: Some(ts(updated_ms)),
+    }
+}
+
+fn pending(id: i64) -> RowRead {
+    RowRead::Row(row(id, Status::Pending, 0, 0))
+}
+
+struct Harness {
+    s: Scheduler,
+    now: Instant,
+    metrics: Metrics,
+}
+
+impl Harness {
+    fn new(max_in_flight: usize) -> Self {
+        let metrics = Metrics::new();
+        let now = Instant::now();
+        let limits = Limits {
+            max_in_flight,
+            visibility_timeout: Duration::from_secs(30),
+        };
+        let mut s = Scheduler::new(limits, metrics.clone(), now);
+        s.assign(&[0, 1]);
+        Harness { s, now, metrics }
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+    }
+
+    /// Collects a trigger for `id` at `offset` of partition 0.
+    fn message(&mut self, offset: i64, t: &Trigger) -> Pos {
+        let pos = self.s.begin(0, offset).expect("assigned");
+        self.s.trigger(t, pos);
+        pos
+    }
+
+    fn skip(&mut self, offset: i64) -> Pos {
+        let pos = self.s.begin(0, offset).expect("assigned");
+        self.s.finish(&pos);
+        pos
+    }
+
+    /// Makes the one read due now and answers it with `rows`.
+    fn answer(&mut self, rows: Vec<RowRead>) -> Read {
+        let mut reads = self.s.take_reads(self.now);
+        assert_eq!(reads.len(), 1, "one read due: {reads:?}");
+        let read = reads.remove(0);
+        self.s.rows_read(read.ticket, Ok(rows), self.now);
+        read
+    }
+
+    fn commit(&self, partition: i32) -> Option<i64> {
+        self.s
+            .commits()
+            .into_iter()
+            .find(|(p, _)| *p == partition)
+            .map(|(_, o)| o)
+    }
+
+    fn skips(&self, reason: &str) -> u64 {
+        self.metrics
+            .cdc_skips_total
+            .with_label_values(&[reason])
+            .get()
+    }
+}
+
+#[test]
+fn a_pending_row_becomes_a_job_and_its_end_commits_the_message() {
+    let mut h = Harness::new(4);
+    let pos = h.message(0, &trig(1, 0, 0));
+    assert_eq!(h.answer(vec![pending(1)]).ids, vec![1]);
+    let starts = h.s.take_starts(0);
+    assert_eq!(starts.len(), 1);
+    assert_eq!(starts[0].row.id, 1);
+    assert_eq!(h.commit(0), Some(0), "not committed while the job runs");
+    h.s.job_ended(1, starts[0].serial, &pos, true, h.now);
+    assert_eq!(h.commit(0), Some(1));
+    assert!(h.s.busy_ids().is_empty());
+}
+
+#[test]
+fn triggers_for_a_running_id_wait_and_are_decided_once_from_the_database() {
+    let mut h = Harness::new(4);
+    let first = h.message(0, &trig(1, 0, 0));
+    h.answer(vec![pending(1)]);
+    let job = h.s.take_starts(0).remove(0);
+    // Two echoes of the job's own writes arrive while it runs.
+    h.message(1, &trig(1, 1, 10));
+    h.message(2, &trig(1, 2, 20));
+    assert!(
+        h.s.take_reads(h.now).is_empty(),
+        "nothing read while the job runs"
+    );
+    assert_eq!(h.skips("job_running"), 2);
+    h.s.job_ended(1, job.serial, &first, true, h.now);
+    assert_eq!(
+        h.commit(0),
+        Some(1),
+        "the first echo waits for its re-decision"
+    );
+    // One read decides the id again: the job wrote `sent`.
+    let mut sent = row(1, Status::Sent, 0, 30);
+    sent.sent_at = Some(ts(30));
+    let read = h.answer(vec![RowRead::Row(sent)]);
+    assert_eq!(read.ids, vec![1]);
+    assert_eq!(h.skips("stale"), 1);
+    assert_eq!(h.commit(0), Some(3), "every echo is finished");
+    assert!(h.s.take_starts(0).is_empty());
+}
+
+#[test]
+fn a_row_not_yet_visible_is_read_again_and_sent_when_it_appears() {
+    let mut h = Harness::new(4);
+    h.message(0, &trig(7, 0, 0));
+    h.skip(1);
+    h.answer(vec![]);
+    assert_eq!(h.skips("row_missing"), 0, "not given up");
+    assert_eq!(h.commit(0), Some(0), "the offset waits for the row");
+    assert!(h.s.take_starts(0).is_empty());
+    let due = h.s.next_wakeup().expect("a re-read is scheduled");
+    assert!(due > h.now && due <= h.now + Duration::from_secs(2));
+    assert!(h.s.take_reads(h.now).is_empty(), "not before it is due");
+    h.now = due;
+    h.answer(vec![pending(7)]);
+    assert_eq!(h.metrics.cdc_rows_visible_late_total.get(), 1);
+    let job = h.s.take_starts(0);
+    assert_eq!(job.len(), 1, "the late row is sent");
+    h.s.job_ended(7, job[0].serial, &job[0].pos, true, h.now);
+    assert_eq!(h.commit(0), Some(2));
+}
+
+#[test]
+fn a_row_that_never_appears_is_given_up_at_the_visibility_timeout() {
+    let mut h = Harness::new(4);
+    h.message(0, &trig(7, 0, 0));
+    h.answer(vec![]);
+    let mut reads = 1;
+    while h.commit(0) == Some(0) {
+        h.now = h.s.next_wakeup().expect("re-read scheduled");
+        h.answer(vec![]);
+        reads += 1;
+        assert!(reads < 40, "bounded number of re-reads");
+    }
+    assert_eq!(h.skips("row_missing"), 1);
+    assert_eq!(h.commit(0), Some(1));
+    assert!(h.s.busy_ids().is_empty());
+}
+
+#[test]
+fn a_row_older_than_its_event_is_read_again() {
+    let mut h = Harness::new(4);
+    // The event says pending, updated at +100 ms (a resend); the row read is
+    // still the failed one from before.
+    h.message(0, &trig(3, 0, 100));
+    h.answer(vec![RowRead::Row(row(3, Status::Failed, 3, 0))]);
+    assert_eq!(
+        h.skips("stale"),
+        0,
+        "an older row does not make the event stale"
+    );
+    h.now = h.s.next_wakeup().unwrap();
+    h.answer(vec![RowRead::Row(row(3, Status::Pending, 0, 100))]);
+    assert_eq!(h.s.take_starts(0).len(), 1);
+    // Without updated_at, fewer attempts than the event's is older.
+    let older = Expect {
+        attempts: 2,
+        updated_at: None,
+    };
+    assert!(older.is_newer_than(&row(3, Status::Pending, 1, 0)));
+    assert!(!older.is_newer_than(&row(3, Status::Failed, 3, 0)));
+}
+
+#[test]
+fn an_older_pending_row_is_sent_at_the_bound_not_dropped() {
+    // Clock skew between writers can make a row look older for ever.
+    let mut h = Harness::new(4);
+    h.message(0, &trig(3, 1, 5_000));
+    h.answer(vec![RowRead::Row(row(3, Status::Pending, 1, 0))]);
+    while h.s.take_starts(0).is_empty() {
+        h.now = h.s.next_wakeup().expect("re-read scheduled");
+        h.answer(vec![RowRead::Row(row(3, Status::Pending, 1, 0))]);
+    }
+    assert_eq!(h.skips("row_missing"), 0);
+}
+
+#[test]
+fn a_delete_ends_the_wait_for_a_missing_row() {
+    let mut h = Harness::new(4);
+    h.message(0, &trig(9, 0, 0));
+    h.answer(vec![]);
+    let del = h.s.begin(0, 1).unwrap();
+    h.s.deleted(9);
+    h.s.finish(&del);
+    assert_eq!(h.commit(0), Some(2));
+    assert_eq!(h.s.next_wakeup(), None);
+}
+
+#[test]
+fn an_undecodable_row_is_skipped_and_its_neighbours_go_on() {
+    let mut h = Harness::new(4);
+    h.message(0, &trig(1, 0, 0));
+    h.message(1, &trig(2, 0, 0));
+    h.message(2, &trig(3, 0, 0));
+    h.answer(vec![
+        pending(1),
+        RowRead::Undecodable {
+            id: 2,
+            error: "status: unknown status \"archived\"".into(),
+        },
+        pending(3),
+    ]);
+    assert_eq!(h.skips("undecodable_row"), 1);
+    let ids: Vec<i64> = h.s.take_starts(0).iter().map(|s| s.row.id).collect();
+    assert_eq!(ids, vec![1, 3]);
+}
+
+#[test]
+fn a_failed_read_is_made_again_and_leaves_the_loop_free() {
+    let mut h = Harness::new(4);
+    h.message(0, &trig(1, 0, 0));
+    let read = h.s.take_reads(h.now).remove(0);
+    // Meanwhile more messages are taken: the loop does not wait for reads.
+    h.skip(1);
+    h.s.rows_read(read.ticket, Err("connection refused".into()), h.now);
+    assert_eq!(h.metrics.row_reads_failed_total.get(), 1);
+    assert_eq!(h.commit(0), Some(0));
+    // A database down for minutes: read again and again, never given up.
+    for _ in 0..100 {
+        h.now = h.s.next_wakeup().unwrap();
+        let read = h.s.take_reads(h.now).remove(0);
+        h.s.rows_read(read.ticket, Err("connection refused".into()), h.now);
+    }
+    assert_eq!(h.skips("row_missing"), 0);
+    h.now = h.s.next_wakeup().unwrap();
+    h.answer(vec![pending(1)]);
+    assert_eq!(h.s.take_starts(0).len(), 1);
+}
+
+#[test]
+fn reads_are_bounded_in_number_and_size() {
+    let mut h = Harness::new(4);
+    for i in 0..(MAX_READ as i64 * 3) {
+        h.message(i, &trig(i + 1, 0, 0));
+    }
+    let reads = h.s.take_reads(h.now);
+    assert_eq!(reads.len(), MAX_CONCURRENT_READS);
+    assert!(reads.iter().all(|r| r.ids.len() == MAX_READ));
+    assert!(h.s.take_reads(h.now).is_empty());
+    h.s.rows_read(reads[0].ticket, Ok(vec![]), h.now);
+    assert_eq!(h.s.take_reads(h.now).len(), 1);
+}
+
+#[test]
+fn a_message_of_an_earlier_assignment_moves_no_offset_of_the_next() {
+    let mut h = Harness::new(4);
+    // Collected before a revoke and re-assign that happened in the same poll.
+    let old = h.s.begin(0, 100).unwrap();
+    h.s.revoke(&[0]);
+    h.s.assign(&[0]);
+    // The new assignment starts from the committed offset 90.
+    let new = h.s.begin(0, 90).unwrap();
+    assert_ne!(old.generation, new.generation);
+    h.s.trigger(&trig(1, 0, 0), old);
+    h.s.finish(&old);
+    assert!(
+        h.s.take_reads(h.now).is_empty(),
+        "the old message is not decided"
+    );
+    assert_eq!(
+        h.commit(0),
+        Some(90),
+        "offset 100 does not count for the new assignment"
+    );
+}
+
+#[test]
+fn a_revoke_drops_what_waits_and_a_late_job_end_is_harmless() {
+    let mut h = Harness::new(1);
+    let p1 = h.message(0, &trig(1, 0, 0));
+    h.message(1, &trig(2, 0, 0));
+    h.message(2, &trig(3, 0, 0));
+    h.answer(vec![pending(1), pending(2)]);
+    let job = h.s.take_starts(0);
+    assert_eq!(job.len(), 2, "max_in_flight 1 → 2 jobs");
+    h.s.revoke(&[0]);
+    assert_eq!(h.s.held(), 0, "the missing row's re-read is dropped");
+    h.s.assign(&[0]);
+    let p = h.s.begin(0, 0).unwrap();
+    h.s.job_ended(1, job[0].serial, &p1, true, h.now);
+    assert_eq!(
+        h.commit(0),
+        Some(0),
+        "the old job's end does not finish the new message"
+    );
+    // The id is free again: a trigger for it is read, not deferred for ever.
+    h.s.trigger(&trig(1, 0, 0), p);
+    assert_eq!(h.answer(vec![pending(1)]).ids, vec![1]);
+}
+
+#[test]
+fn a_job_that_ends_unfinished_frees_its_id_and_keeps_its_message() {
+    // A panicked or cancelled job: the message must be replayed.
+    let mut h = Harness::new(4);
+    let pos = h.message(0, &trig(1, 0, 0));
+    h.answer(vec![pending(1)]);
+    let job = h.s.take_starts(0).remove(0);
+    h.s.job_ended(1, job.serial, &pos, false, h.now);
+    assert_eq!(h.commit(0), Some(0));
+    assert!(h.s.busy_ids().is_empty());
+    h.message(1, &trig(1, 1, 10));
+    assert_eq!(h.answer(vec![pending(1)]).ids, vec![1]);
+}
+
+#[test]
+fn jobs_are_started_up_to_the_limit() {
+    let mut h = Harness::new(2);
+    for i in 0..10 {
+        h.message(i, &trig(i + 1, 0, 0));
+    }
+    h.answer((1..=10).map(pending).collect());
+    assert_eq!(h.s.take_starts(0).len(), max_jobs(2, 0));
+    assert!(h.s.take_starts(0).is_empty());
+    // Jobs waiting out retry_delay hold no slot: more may start.
+    assert_eq!(h.s.take_starts(3).len(), 3);
+    assert_eq!(max_jobs(2, 100), 4 + 2 * WAITING_PER_SLOT);
+}
+
+#[test]
+fn holding_pauses_only_when_nothing_moves_and_resumes_when_drained() {
+    let mut h = Harness::new(1);
+    let n = high_mark(1) as i64;
+    for i in 0..n {
+        h.message(i, &trig(i + 1, 0, 0));
+    }
+    assert!(h.s.holding());
+    assert_eq!(h.s.flow(h.now), None, "holding starts the clock");
+    // Work keeps ending: no pause before HOLD_MAX.
+    for _ in 0..4 {
+        h.advance(PAUSE_AFTER / 2);
+        h.s.rows_read(999, Ok(vec![]), h.now); // unknown ticket: ignored
+        let reads = h.s.take_reads(h.now);
+        for r in &reads {
+            // Answered as missing then re-queued: work is moving.
+            h.s.rows_read(r.ticket, Err("slow".into()), h.now);
+        }
+        assert_eq!(h.s.flow(h.now), None);
+    }
+    h.advance(PAUSE_AFTER);
+    assert_eq!(h.s.flow(h.now), Some(Flow::Pause));
+    assert!(!h.s.holding(), "paused: polling serves rebalances again");
+    // Drain all but max_in_flight: resume.
+    h.s.revoke(&[0]);
+    assert_eq!(h.s.flow(h.now), Some(Flow::Resume));
+    assert_eq!(
+        h.metrics.consumer_pauses_total.get(),
+        0,
+        "counted by the driver"
+    );
+}
+
+#[test]
+fn a_quiet_hold_pauses_after_pause_after() {
+    let mut h = Harness::new(1);
+    for i in 0..high_mark(1) as i64 {
+        h.message(i, &trig(i + 1, 0, 0));
+    }
+    assert_eq!(h.s.flow(h.now), None);
+    assert_eq!(h.s.next_wakeup(), Some(h.now + PAUSE_AFTER));
+    h.advance(PAUSE_AFTER);
+    assert_eq!(h.s.flow(h.now), Some(Flow::Pause));
+}
