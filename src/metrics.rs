@@ -30,6 +30,7 @@ pub struct Metrics {
     pub row_reads_failed_total: prometheus::IntCounter,
     pub job_panics_total: prometheus::IntCounter,
     pub status_writes_given_up_total: IntCounterVec,
+    pub consumer_errors_total: IntCounterVec,
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -146,6 +147,24 @@ impl Metrics {
             &["to"],
         ));
         reg(Box::new(status_writes_given_up_total.clone()));
+        let consumer_errors_total = must(IntCounterVec::new(
+            Opts::new(
+                "outbox_consumer_errors_total",
+                "Errors librdkafka returned to the consumer, by kind (decompression, corrupt_record, \
+                 offset_reset, transport, unknown_topic, authorization, other)",
+            ),
+            &["kind"],
+        ));
+        reg(Box::new(consumer_errors_total.clone()));
+        for k in [
+            "decompression",
+            "corrupt_record",
+            "offset_reset",
+            "transport",
+            "other",
+        ] {
+            consumer_errors_total.with_label_values(&[k]);
+        }
         reg(Box::new(cdc_rows_visible_late_total.clone()));
         reg(Box::new(row_reads_failed_total.clone()));
         reg(Box::new(job_panics_total.clone()));
@@ -190,6 +209,7 @@ impl Metrics {
             row_reads_failed_total,
             job_panics_total,
             status_writes_given_up_total,
+            consumer_errors_total,
         }
     }
 

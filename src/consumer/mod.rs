@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
@@ -189,6 +190,36 @@ impl SidecarContext {
 }
 
 impl ClientContext for SidecarContext {
+    /// librdkafka's log lines, as tracing events. An offset reset after an
+    /// error (the committed offset is past the topic's retention, or the
+    /// topic was recreated) skips change events for good: it is counted
+    /// and logged at ERROR with the range librdkafka names.
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if fac == "OFFSET" && log_message.contains("offset reset") {
+            self.metrics
+                .consumer_errors_total
+                .with_label_values(&["offset_reset"])
+                .inc();
+            error!(
+                detail = log_message,
+                "consumer offset reset: the change events skipped are not read; rows they announced \
+                 may stay pending (remedy: outbox-sidecar events retrigger --pending-older-than …)"
+            );
+            return;
+        }
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => error!(fac, "librdkafka: {log_message}"),
+            RDKafkaLogLevel::Warning => warn!(fac, "librdkafka: {log_message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                info!(fac, "librdkafka: {log_message}")
+            }
+            RDKafkaLogLevel::Debug => debug!(fac, "librdkafka: {log_message}"),
+        }
+    }
+
     fn stats(&self, stats: Statistics) {
         if let Some(topic) = stats.topics.get(&self.topic) {
             for (id, p) in &topic.partitions {
@@ -248,6 +279,15 @@ pub fn client_config(settings: &KafkaSettings) -> ClientConfig {
     }
     // Offsets are stored only by the tracker below; never on delivery.
     cfg.set("enable.auto.offset.store", "false");
+    // rust-rdkafka takes its log level from the `log` crate, which this
+    // binary does not use (tracing): without this, librdkafka's warnings
+    // (an offset reset among them) would never be logged.
+    let debugging = cfg.get("debug").is_some_and(|d| !d.is_empty());
+    cfg.set_log_level(if debugging {
+        RDKafkaLogLevel::Debug
+    } else {
+        RDKafkaLogLevel::Warning
+    });
     cfg
 }
 
@@ -509,7 +549,14 @@ impl Pipeline {
         let m = match msg {
             Ok(m) => m,
             Err(e) => {
-                warn!(error = %e, "Kafka consumer error");
+                let kind = error_kind(&e);
+                self.metrics
+                    .consumer_errors_total
+                    .with_label_values(&[kind])
+                    .inc();
+                // librdkafka's message error carries its partition and
+                // offset, but rust-rdkafka hands over the code alone.
+                error!(error = %e, kind, topic = %self.topic, "Kafka consumer error");
                 return;
             }
         };
@@ -719,6 +766,20 @@ impl Pipeline {
         }
         self.consumer.unsubscribe();
         self.health.joined.store(false, Ordering::Relaxed);
+    }
+}
+
+/// A bounded label for `outbox_consumer_errors_total{kind}`.
+fn error_kind(e: &KafkaError) -> &'static str {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    match e.rdkafka_error_code() {
+        Some(C::BadCompression) => "decompression",
+        Some(C::BadMessage | C::InvalidMessage | C::InvalidRecord) => "corrupt_record",
+        Some(C::AutoOffsetReset | C::OffsetOutOfRange) => "offset_reset",
+        Some(C::AllBrokersDown | C::BrokerTransportFailure) => "transport",
+        Some(C::UnknownTopicOrPartition | C::UnknownTopic | C::UnknownPartition) => "unknown_topic",
+        Some(C::TopicAuthorizationFailed | C::GroupAuthorizationFailed) => "authorization",
+        _ => "other",
     }
 }
 

@@ -284,3 +284,99 @@ async fn a_database_that_stops_answering_stalls_nothing_for_good() {
     }
     app.stop().await;
 }
+
+/// Strimzi's and Confluent's producers often compress (zstd by default in
+/// some): a change event in any codec Kafka has is read, none skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_events_in_every_compression_codec_are_read() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let mut t = spawn_app(Options {
+        partitions: 1,
+        ..Options::default()
+    })
+    .await;
+    let conn = sea_orm::Database::connect(&t.db.url)
+        .await
+        .expect("connect");
+    let txn = conn.begin().await.expect("begin");
+    let mut rows = Vec::new();
+    for n in 0..4 {
+        rows.push(insert_silently(&txn, "pending", n).await);
+    }
+    txn.commit().await.expect("commit");
+    for (row, codec) in rows.iter().zip(["gzip", "snappy", "lz4", "zstd"]) {
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &t.kafka.brokers)
+            .set("compression.type", codec)
+            .create()
+            .unwrap_or_else(|e| panic!("a {codec} producer: {e}"));
+        let value = crate::harness::feed::envelope(
+            "c",
+            &serde_json::Value::Null,
+            &json!({
+                "id": row.id, "event_name": row.event_name, "payload": row.payload.to_string(),
+                "status": "pending", "attempts": 0, "last_error": null, "sent_at": null,
+                "created_at": row.created_at.format("%Y-%m-%dT%H:%M:%S%.f").to_string(),
+                "updated_at": row.updated_at.format("%Y-%m-%dT%H:%M:%S%.f").to_string(),
+            }),
+            "outbox_events",
+        )
+        .to_string();
+        let key = json!({ "id": row.id }).to_string();
+        producer
+            .send(
+                FutureRecord::to(&t.topic).key(&key).payload(&value),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap_or_else(|(e, _)| panic!("produce {codec}: {e}"));
+    }
+    for row in &rows {
+        t.wait_status(row.id, Status::Sent, Duration::from_secs(20))
+            .await;
+    }
+    t.wait_all_committed(&t.group, Duration::from_secs(20))
+        .await;
+    t.stop().await;
+}
+
+/// The sidecar was down longer than the topic's retention (or the connector
+/// was recreated): the committed offset is out of range. librdkafka resets
+/// to the oldest offset; the sidecar counts and logs it (the remedy for the
+/// rows whose events are gone is `events retrigger`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offset_out_of_range_is_counted() {
+    use crate::harness::{prepare_on, Kafka, Receiver};
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    let mut t = prepare_on(
+        Kafka::start(),
+        Options {
+            partitions: 1,
+            ..Options::default()
+        },
+        Receiver::accepting().await,
+    )
+    .await;
+    let id = t.insert("accounts.purchase_create", json!({"n": 1})).await;
+    // A committed offset far past the end of the partition.
+    let committer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &t.kafka.brokers)
+        .set("group.id", &t.group)
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&t.topic, 0, rdkafka::Offset::Offset(1_000))
+        .unwrap();
+    committer.commit(&tpl, CommitMode::Sync).expect("commit");
+    drop(committer);
+    t.start().await;
+    wait_metric(
+        &t,
+        r#"outbox_consumer_errors_total{kind="offset_reset"}"#,
+        1.0,
+    )
+    .await;
+    t.wait_status(id, Status::Sent, Duration::from_secs(20))
+        .await;
+    t.stop().await;
+}
