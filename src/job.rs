@@ -211,15 +211,7 @@ impl JobEnd {
     }
 }
 
-/// When the next attempt of `row` is due: at once for a fresh (or resent)
-/// row, `retry_delay` after the last failure otherwise.
-pub fn due_at(row: &OutboxEventRow, retry_delay: Duration) -> Option<chrono::NaiveDateTime> {
-    if row.attempts == 0 {
-        return None;
-    }
-    let delay = chrono::Duration::from_std(retry_delay).unwrap_or(chrono::Duration::MAX);
-    row.updated_at.checked_add_signed(delay)
-}
+pub use crate::transition::due_at;
 
 pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease>) -> JobEnd {
     let span = tracing::info_span!(

@@ -32,3 +32,4 @@ pub mod job;
 pub mod metrics;
 pub mod store;
 pub mod telemetry;
+pub mod transition;

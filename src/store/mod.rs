@@ -12,6 +12,7 @@ mod tests;
 
 use std::time::Duration;
 
+use crate::transition;
 use chrono::{NaiveDateTime, Timelike};
 use entity::outbox_event::Column;
 use entity::{OutboxEventRow, Status};
@@ -446,10 +447,7 @@ impl Store {
     /// R-004 `mark_sent!`: `pending` → `sent`, from exactly the state `seen`.
     pub async fn mark_sent(&self, seen: &OutboxEventRow) -> Result<Outcome, StoreError> {
         let now = now();
-        let mut next = seen.clone();
-        next.status = Status::Sent;
-        next.sent_at = Some(now);
-        next.updated_at = now;
+        let next = transition::after_success(seen, now);
         let values = [
             (Column::Status, Status::Sent.as_str().into()),
             (Column::SentAt, now.into()),
@@ -477,12 +475,7 @@ impl Store {
         error: &str,
         now: NaiveDateTime,
     ) -> OutboxEventRow {
-        let mut next = seen.clone();
-        next.attempts = seen.attempts + 1;
-        next.status = next_status_after_failure(next.attempts, self.max_attempts);
-        next.last_error = Some(self.truncate_error(error));
-        next.updated_at = now;
-        next
+        transition::after_failure(seen, self.truncate_error(error), now, self.max_attempts)
     }
 
     /// One transition of a pending row: `values` are written only while the
@@ -628,11 +621,5 @@ pub(crate) fn failure_values(next: &OutboxEventRow) -> [(Column, sea_orm::Value)
 }
 
 /// The decision table's status column for a failure that brings the
-/// attempts to `attempts`.
-pub fn next_status_after_failure(attempts: i32, max_attempts: i32) -> Status {
-    if attempts >= max_attempts {
-        Status::Failed
-    } else {
-        Status::Pending
-    }
-}
+/// attempts to `attempts` (see [`crate::transition`]).
+pub use crate::transition::status_after_failure as next_status_after_failure;
