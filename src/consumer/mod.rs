@@ -58,6 +58,11 @@ use schedule::{Flow, Limits, Pos, Read, Scheduler, Start};
 /// visible; a replica can lag).
 pub const ROW_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Payload bytes the consumer holds at most (see [`Limits`]): sized for
+/// the shipped 256 MiB memory limit, with room for librdkafka's prefetch
+/// (16 MiB), the HTTP client and the database pool.
+pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
+
 /// How often an idle consumer loop turns (liveness).
 const BEAT: Duration = Duration::from_secs(1);
 
@@ -416,6 +421,7 @@ impl Pipeline {
             limits: Limits {
                 max_in_flight,
                 visibility_timeout: ROW_VISIBILITY_TIMEOUT,
+                max_buffered_bytes: MAX_BUFFERED_BYTES,
             },
             dead_letter,
             health,

@@ -139,8 +139,8 @@ enum Work {
     Recheck,
     /// Read pending; in the ready queue.
     Ready,
-    /// A job runs (serial: which one).
-    Running(u64),
+    /// A job runs: which one, and the payload bytes it holds.
+    Running { serial: u64, bytes: usize },
 }
 
 /// A job the driver must start.
@@ -172,6 +172,11 @@ pub struct Limits {
     /// How long a row that is missing or older than its event is re-read
     /// before the event is decided on the row as read.
     pub visibility_timeout: Duration,
+    /// Payload bytes the consumer may hold at once (rows ready, rows being
+    /// read, rows of running jobs), so large payloads cannot run the pod
+    /// out of memory: half for ready rows, half for jobs, reads sized to
+    /// an eighth each from the payload sizes seen.
+    pub max_buffered_bytes: usize,
 }
 
 struct Partition {
@@ -193,8 +198,12 @@ pub struct Scheduler {
     reads: HashMap<u64, Vec<Wanted>>,
     /// Re-reads due, by id.
     rechecks: HashMap<i64, (Instant, Wanted)>,
-    ready: VecDeque<(OutboxEventRow, Pos)>,
+    ready: VecDeque<(OutboxEventRow, Pos, usize)>,
+    ready_bytes: usize,
     running: usize,
+    running_bytes: usize,
+    /// Mean payload bytes of the rows read lately (sizes the reads).
+    row_bytes: usize,
     paused: bool,
     /// Since when the loop has been holding back.
     holding_since: Option<Instant>,
@@ -217,7 +226,10 @@ impl Scheduler {
             reads: HashMap::new(),
             rechecks: HashMap::new(),
             ready: VecDeque::new(),
+            ready_bytes: 0,
             running: 0,
+            running_bytes: 0,
+            row_bytes: 1024,
             paused: false,
             holding_since: None,
             progress_at: now,
@@ -263,13 +275,16 @@ impl Scheduler {
         }
         let gone = |pos: &Pos| parts.contains(&pos.partition);
         let mut freed = Vec::new();
-        self.ready.retain(|(row, pos)| {
+        let mut ready_bytes = self.ready_bytes;
+        self.ready.retain(|(row, pos, bytes)| {
             let keep = !gone(pos);
             if !keep {
                 freed.push(row.id);
+                ready_bytes -= bytes;
             }
             keep
         });
+        self.ready_bytes = ready_bytes;
         self.to_read.retain(|w| {
             let keep = !gone(&w.pos);
             if !keep {
@@ -392,8 +407,10 @@ impl Scheduler {
             }
         }
         let mut out = Vec::new();
+        let per_read =
+            (self.limits.max_buffered_bytes / 8 / self.row_bytes.max(1)).clamp(1, MAX_READ);
         while self.reads.len() < MAX_CONCURRENT_READS && !self.to_read.is_empty() {
-            let n = self.to_read.len().min(MAX_READ);
+            let n = self.to_read.len().min(per_read);
             let batch: Vec<Wanted> = self.to_read.drain(..n).collect();
             let ticket = self.next_ticket;
             self.next_ticket += 1;
@@ -414,6 +431,15 @@ impl Scheduler {
         };
         self.progress_at = now;
         let mut rows = match result {
+            Ok(rows) if !rows.is_empty() => {
+                let total: usize = rows.iter().map(read_bytes).sum();
+                // A moving mean: one read of large rows shrinks the next reads.
+                let mean = total / rows.len();
+                self.row_bytes = (self.row_bytes + mean).div_ceil(2).max(mean / 2).max(64);
+                rows.into_iter()
+                    .map(|r| (r.id(), r))
+                    .collect::<HashMap<i64, RowRead>>()
+            }
             Ok(rows) => rows
                 .into_iter()
                 .map(|r| (r.id(), r))
@@ -493,8 +519,10 @@ impl Scheduler {
         }
         let reason = match read {
             Some(RowRead::Row(row)) if row.status == Status::Pending => {
+                let bytes = payload_bytes(&row.payload);
                 self.work.insert(w.id, Work::Ready);
-                self.ready.push_back((row, w.pos));
+                self.ready_bytes += bytes;
+                self.ready.push_back((row, w.pos, bytes));
                 return;
             }
             Some(RowRead::Row(row)) => {
@@ -554,10 +582,19 @@ impl Scheduler {
     /// `retry_delay`, which hold no in-flight slot).
     pub fn take_starts(&mut self, waiting: usize) -> Vec<Start> {
         let mut out = Vec::new();
+        let job_budget = self.limits.max_buffered_bytes / 2;
         while self.running < max_jobs(self.limits.max_in_flight, waiting) {
-            let Some((row, pos)) = self.ready.pop_front() else {
+            let Some(&(_, _, bytes)) = self.ready.front() else {
                 break;
             };
+            // One job always runs, however large its payload.
+            if self.running > 0 && self.running_bytes + bytes > job_budget {
+                break;
+            }
+            let Some((row, pos, bytes)) = self.ready.pop_front() else {
+                break;
+            };
+            self.ready_bytes -= bytes;
             if !self.current(&pos) {
                 self.free(row.id);
                 continue;
@@ -565,7 +602,8 @@ impl Scheduler {
             let serial = self.next_serial;
             self.next_serial += 1;
             self.running += 1;
-            self.work.insert(row.id, Work::Running(serial));
+            self.running_bytes += bytes;
+            self.work.insert(row.id, Work::Running { serial, bytes });
             out.push(Start { row, pos, serial });
         }
         out
@@ -579,8 +617,11 @@ impl Scheduler {
         if finished {
             self.finish(pos);
         }
-        if self.work.get(&id) == Some(&Work::Running(serial)) {
-            self.free(id);
+        if let Some(&Work::Running { serial: s, bytes }) = self.work.get(&id) {
+            if s == serial {
+                self.running_bytes -= bytes;
+                self.free(id);
+            }
         }
     }
 
@@ -624,7 +665,13 @@ impl Scheduler {
     /// paused yet (once paused, polling is safe again and serves rebalance
     /// callbacks).
     pub fn holding(&self) -> bool {
-        !self.paused && self.held() >= high_mark(self.limits.max_in_flight)
+        !self.paused && self.over()
+    }
+
+    /// Too much waits here: by count, or by payload bytes.
+    fn over(&self) -> bool {
+        self.held() >= high_mark(self.limits.max_in_flight)
+            || self.ready_bytes >= self.limits.max_buffered_bytes / 2
     }
 
     /// Bounds what waits here: holding starts a clock; the partitions are
@@ -634,7 +681,7 @@ impl Scheduler {
     /// with work ending all the time, so it is not paused.
     pub fn flow(&mut self, now: Instant) -> Option<Flow> {
         let held = self.held();
-        if held >= high_mark(self.limits.max_in_flight) {
+        if self.over() {
             let since = *self.holding_since.get_or_insert(now);
             if !self.paused && now >= pause_deadline(since, self.progress_at) {
                 self.paused = true;
@@ -642,7 +689,10 @@ impl Scheduler {
             }
         } else {
             self.holding_since = None;
-            if self.paused && held <= self.limits.max_in_flight {
+            if self.paused
+                && held <= self.limits.max_in_flight
+                && self.ready_bytes <= self.limits.max_buffered_bytes / 4
+            {
                 self.paused = false;
                 return Some(Flow::Resume);
             }
@@ -682,15 +732,41 @@ impl Scheduler {
     /// Drops everything not running (shutdown).
     pub fn clear_waiting(&mut self) {
         self.ready.clear();
+        self.ready_bytes = 0;
         self.to_read.clear();
         self.rechecks.clear();
         self.deferred.clear();
-        self.work.retain(|_, w| matches!(w, Work::Running(_)));
+        self.work.retain(|_, w| matches!(w, Work::Running { .. }));
     }
 
     /// Ids with work here (for tests and logs).
     pub fn busy_ids(&self) -> HashSet<i64> {
         self.work.keys().copied().collect()
+    }
+}
+
+/// A payload's size as held in memory, estimated from its JSON text length
+/// (a walk of the value, no serialisation).
+pub fn payload_bytes(v: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    match v {
+        Value::Null | Value::Bool(_) => 8,
+        Value::Number(_) => 16,
+        Value::String(s) => s.len() + 24,
+        Value::Array(a) => 24 + a.iter().map(payload_bytes).sum::<usize>(),
+        Value::Object(o) => {
+            48 + o
+                .iter()
+                .map(|(k, v)| k.len() + 24 + payload_bytes(v))
+                .sum::<usize>()
+        }
+    }
+}
+
+fn read_bytes(r: &RowRead) -> usize {
+    match r {
+        RowRead::Row(row) => payload_bytes(&row.payload),
+        RowRead::Undecodable { .. } => 64,
     }
 }
 

@@ -46,11 +46,16 @@ struct Harness {
 
 impl Harness {
     fn new(max_in_flight: usize) -> Self {
+        Self::with_bytes(max_in_flight, 64 << 20)
+    }
+
+    fn with_bytes(max_in_flight: usize, max_buffered_bytes: usize) -> Self {
         let metrics = Metrics::new();
         let now = Instant::now();
         let limits = Limits {
             max_in_flight,
             visibility_timeout: Duration::from_secs(30),
+            max_buffered_bytes,
         };
         let mut s = Scheduler::new(limits, metrics.clone(), now);
         s.assign(&[0, 1]);
@@ -403,4 +408,58 @@ fn a_quiet_hold_pauses_after_pause_after() {
     assert_eq!(h.s.next_wakeup(), Some(h.now + PAUSE_AFTER));
     h.advance(PAUSE_AFTER);
     assert_eq!(h.s.flow(h.now), Some(Flow::Pause));
+}
+
+fn big(id: i64, kib: usize) -> RowRead {
+    let mut r = row(id, Status::Pending, 0, 0);
+    r.payload = serde_json::json!({ "blob": "x".repeat(kib << 10) });
+    RowRead::Row(r)
+}
+
+#[test]
+fn large_payloads_are_bounded_by_bytes_not_rows() {
+    // 8 MiB for payloads; rows of 200 KiB.
+    let budget = 8 << 20;
+    let mut h = Harness::with_bytes(256, budget);
+    for i in 0..2_000 {
+        h.message(i, &trig(i + 1, 0, 0));
+    }
+    // The first read knows no sizes yet: a full one (the default estimate).
+    let first = h.s.take_reads(h.now);
+    let ids: Vec<i64> = first.iter().flat_map(|r| r.ids.clone()).collect();
+    let n_first = first[0].ids.len();
+    h.s.rows_read(
+        first[0].ticket,
+        Ok(first[0].ids.iter().map(|&id| big(id, 200)).collect()),
+        h.now,
+    );
+    // Jobs take at most half the budget (one always runs).
+    let jobs = h.s.take_starts(0);
+    let job_bytes: usize = jobs.iter().map(|s| payload_bytes(&s.row.payload)).sum();
+    assert!(
+        !jobs.is_empty() && job_bytes <= budget / 2 + (210 << 10),
+        "{job_bytes}"
+    );
+    // Ready rows past half the budget hold the loop.
+    assert!(h.s.holding(), "{n_first} rows of 200 KiB read");
+    // Later reads are sized from what was seen: an eighth of the budget.
+    h.s.rows_read(first[1].ticket, Ok(vec![]), h.now);
+    let next = h.s.take_reads(h.now);
+    assert!(!next.is_empty());
+    let per_read = next[0].ids.len();
+    assert!(
+        per_read * (200 << 10) <= budget / 8 * 2,
+        "{per_read} rows per read"
+    );
+    assert!(ids.len() > per_read);
+}
+
+#[test]
+fn payload_size_is_estimated_from_the_json() {
+    let small = serde_json::json!({"event_type": "purchase_create", "amount": 10});
+    assert!(payload_bytes(&small) < 256);
+    let large = serde_json::json!({ "items": vec!["y".repeat(1000); 100] });
+    let text = large.to_string().len();
+    let est = payload_bytes(&large);
+    assert!(est >= text && est < 2 * text, "{est} vs {text}");
 }
