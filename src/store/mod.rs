@@ -124,6 +124,15 @@ impl RowRead {
     }
 }
 
+/// Which pending rows `events retrigger` touches: these ids, or those
+/// unchanged for longer than `older_than`; optionally of one event name.
+#[derive(Debug, Clone, Default)]
+pub struct RetriggerFilter {
+    pub ids: Vec<i64>,
+    pub older_than: Option<Duration>,
+    pub event_name: Option<String>,
+}
+
 /// Filters of `events list` and `GET /admin/events`.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
@@ -557,6 +566,40 @@ impl Store {
             .execute(&stmt)
             .await
             .map_err(db_err("resending failed events"))?;
+        Ok(res.rows_affected())
+    }
+
+    /// Touches pending rows (`updated_at = now`) so the change feed
+    /// announces them again: the remedy for change events that are gone
+    /// (an offset reset, a recreated connector). Changes no status and no
+    /// attempts; returns how many rows it touched. With neither ids nor
+    /// `older_than` it touches nothing.
+    pub async fn retrigger(&self, filter: &RetriggerFilter) -> Result<u64, StoreError> {
+        let now = now();
+        let mut stmt = Query::update()
+            .table(self.tbl())
+            .value(Column::UpdatedAt, now)
+            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+            .to_owned();
+        match (&filter.ids[..], filter.older_than) {
+            ([], None) => return Ok(0),
+            ([], Some(age)) => {
+                let age = chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX);
+                let before = now.checked_sub_signed(age).unwrap_or(NaiveDateTime::MIN);
+                stmt.and_where(Expr::col(Column::UpdatedAt).lt(before));
+            }
+            (ids, _) => {
+                stmt.and_where(Expr::col(Column::Id).is_in(ids.iter().copied()));
+            }
+        }
+        if let Some(name) = &filter.event_name {
+            stmt.and_where(Expr::col(Column::EventName).eq(name.as_str()));
+        }
+        let res = self
+            .db
+            .execute(&stmt)
+            .await
+            .map_err(db_err("retriggering pending events"))?;
         Ok(res.rows_affected())
     }
 

@@ -4,6 +4,7 @@
 
 use entity::{OutboxEventRow, Status};
 use outbox_sidecar::store::{Outcome, RetryRefused, Store, MAX_LAST_ERROR_BYTES};
+use sea_orm::ConnectionTrait;
 use serde_json::json;
 
 use crate::db::{Backend, TestDb};
@@ -263,6 +264,71 @@ async fn list_and_bulk_resend(backend: Backend) {
     assert_eq!((stats.pending, stats.failed), (4, 0));
 }
 
+/// `events retrigger`: pending rows are touched so Debezium announces them
+/// again; nothing else changes, and no other status is touched.
+async fn retrigger_touches_only_pending_rows(backend: Backend) {
+    use outbox_sidecar::store::RetriggerFilter;
+    let db = TestDb::new(backend).await;
+    let store = db.store(3).await;
+    let old_pending = pending(&store).await;
+    let retried = with_attempts(&store, 1).await;
+    let sent = applied(store.mark_sent(&pending(&store).await).await.unwrap());
+    let failed = with_attempts(&store, 3).await;
+    let mut other = pending(&store).await;
+    store
+        .connection()
+        .execute_unprepared(&format!(
+            "UPDATE outbox_events SET event_name = 'billing.invoice_issued' WHERE id = {}",
+            other.id
+        ))
+        .await
+        .unwrap();
+    other = store.get(other.id).await.unwrap().unwrap();
+    let by_id = RetriggerFilter {
+        ids: vec![old_pending.id, sent.id, failed.id],
+        ..Default::default()
+    };
+    assert_eq!(
+        store.retrigger(&by_id).await.unwrap(),
+        1,
+        "only the pending one"
+    );
+    let touched = store.get(old_pending.id).await.unwrap().unwrap();
+    assert!(touched.updated_at > old_pending.updated_at);
+    assert_eq!(
+        (touched.status, touched.attempts, touched.last_error),
+        (
+            old_pending.status,
+            old_pending.attempts,
+            old_pending.last_error
+        )
+    );
+    assert_eq!(store.get(sent.id).await.unwrap().unwrap(), sent);
+    assert_eq!(store.get(failed.id).await.unwrap().unwrap(), failed);
+    // Older than an hour: none. Older than zero, of one event name: one.
+    let older = |secs, name: Option<&str>| RetriggerFilter {
+        older_than: Some(std::time::Duration::from_secs(secs)),
+        event_name: name.map(str::to_owned),
+        ..Default::default()
+    };
+    assert_eq!(store.retrigger(&older(3600, None)).await.unwrap(), 0);
+    let n = store
+        .retrigger(&older(0, Some("billing.invoice_issued")))
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert!(store.get(other.id).await.unwrap().unwrap().updated_at > other.updated_at);
+    let r = store.get(retried.id).await.unwrap().unwrap();
+    assert_eq!(
+        (r.attempts, r.updated_at),
+        (retried.attempts, retried.updated_at)
+    );
+    assert_eq!(
+        store.retrigger(&RetriggerFilter::default()).await.unwrap(),
+        0
+    );
+}
+
 async fn migration_is_idempotent_and_keeps_rows(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store(3).await;
@@ -290,6 +356,7 @@ on_every_backend!(
     stale_step_is_a_conflict,
     last_error_is_short,
     list_and_bulk_resend,
+    retrigger_touches_only_pending_rows,
     migration_is_idempotent_and_keeps_rows,
 );
 
@@ -537,7 +604,6 @@ mod refused {
     //! neighbours batched with that row.
     use super::*;
     use outbox_sidecar::store::batch::StatusWriter;
-    use sea_orm::ConnectionTrait;
 
     /// A Rails `string` column is `varchar(255)`; strict MySQL and
     /// PostgreSQL refuse a longer value (1406 / 22001).
