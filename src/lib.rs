@@ -5,14 +5,18 @@
 //! 1. [`consumer`] reads the CDC topic in a consumer group and hands each
 //!    record to [`cdc`], which decodes it — a pure function — into a
 //!    trigger for a pending row, a skip, or an invalid record.
-//! 2. [`consumer`] reads the triggered rows from the database in one query
-//!    per poll ([`store`]) and starts one [`job`] per pending row, at most
-//!    `dispatch.max_in_flight` at once, at most one per id.
+//! 2. [`consumer::schedule`] decides what to do with each trigger — with
+//!    no Kafka and no database in it: the rows to read (off the loop, many
+//!    ids per query, again later when a row is not visible yet), one
+//!    [`job`] per pending row, at most `dispatch.max_in_flight` sending at
+//!    once and at most one per id, the offsets that may be committed, when
+//!    to pause fetching. [`consumer`] is the thin driver around librdkafka
+//!    that carries those decisions out.
 //! 3. The [`job`] POSTs the row through the [`dispatch`] registry and turns
-//!    the outcome into a transition: `mark_sent` (batched by
-//!    [`store::batch`]) or `register_failure`, both conditional writes in
-//!    [`store`]; a failure below `max_attempts` waits `retry_delay` and
-//!    tries again.
+//!    the outcome into a transition ([`transition`], R-004's decision table
+//!    as pure functions): `mark_sent` or `register_failure`, conditional
+//!    writes batched by [`store::batch`]; a failure below `max_attempts`
+//!    waits `retry_delay`, re-reads the row and tries again.
 //! 4. When a job ends, [`consumer::offsets`] lets its message be committed.
 //!
 //! Around it: [`admin`] (metrics, health, resend API), [`metrics`],
