@@ -133,6 +133,21 @@ pub struct RetriggerFilter {
     pub event_name: Option<String>,
 }
 
+/// Which failed rows a bulk resend takes (every filter given must hold):
+/// the morning after an outage, "the ones of this API, failed since 02:00,
+/// whose error says 503".
+#[derive(Debug, Clone, Default)]
+pub struct FailedFilter {
+    /// Of these event names (one `--event-name`, or a dispatcher's).
+    pub event_names: Option<Vec<String>>,
+    /// `last_error` contains this text (case-sensitive, no wildcards).
+    pub error_contains: Option<String>,
+    /// Failed at or after (`updated_at` of the failed row), UTC.
+    pub failed_since: Option<NaiveDateTime>,
+    /// Failed before, UTC.
+    pub failed_until: Option<NaiveDateTime>,
+}
+
 /// Filters of `events list` and `GET /admin/events`.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
@@ -557,9 +572,19 @@ impl Store {
     /// Resends every failed event (optionally of one `event_name`); returns
     /// how many rows went back to pending.
     pub async fn retry_all_failed(&self, event_name: Option<&str>) -> Result<u64, StoreError> {
+        self.retry_failed(&FailedFilter {
+            event_names: event_name.map(|n| vec![n.to_owned()]),
+            ..FailedFilter::default()
+        })
+        .await
+    }
+
+    /// Resends the failed events `filter` selects; returns how many rows
+    /// went back to pending.
+    pub async fn retry_failed(&self, filter: &FailedFilter) -> Result<u64, StoreError> {
         let mut stmt = self.resend_statement();
-        if let Some(name) = event_name {
-            stmt.and_where(Expr::col(Column::EventName).eq(name));
+        for cond in self.failed_conditions(filter) {
+            stmt.and_where(cond);
         }
         let res = self
             .db
@@ -567,6 +592,66 @@ impl Store {
             .await
             .map_err(db_err("resending failed events"))?;
         Ok(res.rows_affected())
+    }
+
+    /// What [`Store::retry_failed`] would take, without changing anything:
+    /// how many rows, and the newest `sample` of them.
+    pub async fn preview_failed(
+        &self,
+        filter: &FailedFilter,
+        sample: u64,
+    ) -> Result<(u64, Vec<OutboxEventRow>), StoreError> {
+        let mut count = Query::select()
+            .expr_as(Func::count(Expr::col(Column::Id)), Alias::new("n"))
+            .from(self.tbl())
+            .and_where(Expr::col(Column::Status).eq(Status::Failed.as_str()))
+            .to_owned();
+        let mut rows = self
+            .select_rows()
+            .and_where(Expr::col(Column::Status).eq(Status::Failed.as_str()))
+            .order_by(Column::Id, Order::Desc)
+            .limit(sample)
+            .to_owned();
+        for cond in self.failed_conditions(filter) {
+            count.and_where(cond.clone());
+            rows.and_where(cond);
+        }
+        let n: i64 = self
+            .db
+            .query_one(&count)
+            .await
+            .map_err(db_err("counting failed events"))?
+            .map(|r| r.try_get("", "n"))
+            .transpose()
+            .map_err(db_err("counting failed events"))?
+            .unwrap_or(0);
+        let sample = self
+            .fetch(&rows)
+            .await
+            .map_err(db_err("listing failed events"))?;
+        Ok((u64::try_from(n).unwrap_or(0), sample))
+    }
+
+    fn failed_conditions(&self, f: &FailedFilter) -> Vec<sea_orm::sea_query::SimpleExpr> {
+        let mut out = Vec::new();
+        if let Some(names) = &f.event_names {
+            out.push(Expr::col(Column::EventName).is_in(names.iter().map(String::as_str)));
+        }
+        if let Some(text) = &f.error_contains {
+            let sql = match self.backend() {
+                DbBackend::Postgres => "strpos(last_error, $1) > 0",
+                DbBackend::MySql => "LOCATE(?, last_error) > 0",
+                _ => "instr(last_error, ?) > 0",
+            };
+            out.push(Expr::cust_with_values(sql, [text.clone()]));
+        }
+        if let Some(since) = f.failed_since {
+            out.push(Expr::col(Column::UpdatedAt).gte(since));
+        }
+        if let Some(until) = f.failed_until {
+            out.push(Expr::col(Column::UpdatedAt).lt(until));
+        }
+        out
     }
 
     /// Touches pending rows (`updated_at = now`) so the change feed

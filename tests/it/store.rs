@@ -329,6 +329,77 @@ async fn retrigger_touches_only_pending_rows(backend: Backend) {
     );
 }
 
+/// The morning after an outage: resend only the failed rows of one event
+/// name, whose error says 503, failed within a window; a dry run first.
+async fn filtered_resend_of_failed(backend: Backend) {
+    use outbox_sidecar::store::FailedFilter;
+    let db = TestDb::new(backend).await;
+    let store = db.store(1).await;
+    let fail = |error: &'static str| {
+        let store = store.clone();
+        async move {
+            let row = pending(&store).await;
+            applied(store.register_failure(&row, error).await.unwrap())
+        }
+    };
+    let a = fail("HTTP 503: accounts temporarily unavailable").await;
+    let b = fail("HTTP 422: company_not_found").await;
+    let c = fail("HTTP 503: again").await;
+    let other = pending(&store).await;
+    store
+        .connection()
+        .execute_unprepared(&format!(
+            "UPDATE outbox_events SET event_name = 'billing.invoice_issued', status = 'failed', \
+             attempts = 1, last_error = 'HTTP 503' WHERE id = {}",
+            other.id
+        ))
+        .await
+        .unwrap();
+    let filter = FailedFilter {
+        event_names: Some(vec!["accounts.purchase_create".into()]),
+        error_contains: Some("503".into()),
+        failed_since: Some(a.updated_at),
+        failed_until: Some(c.updated_at + chrono::Duration::seconds(1)),
+    };
+    let (n, sample) = store.preview_failed(&filter, 1).await.unwrap();
+    assert_eq!(n, 2);
+    assert_eq!(
+        sample.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [c.id],
+        "newest first"
+    );
+    assert_eq!(
+        store.stats().await.unwrap().failed,
+        4,
+        "a dry run changes nothing"
+    );
+    // A window that ends before `c` failed leaves it out.
+    let early = FailedFilter {
+        failed_until: Some(c.updated_at),
+        ..filter.clone()
+    };
+    assert_eq!(store.preview_failed(&early, 10).await.unwrap().0, 1);
+    assert_eq!(store.retry_failed(&filter).await.unwrap(), 2);
+    for (row, status) in [
+        (&a, Status::Pending),
+        (&b, Status::Failed),
+        (&c, Status::Pending),
+        (&other, Status::Failed),
+    ] {
+        assert_eq!(
+            store.get(row.id).await.unwrap().unwrap().status,
+            status,
+            "row {}",
+            row.id
+        );
+    }
+    // No filter: every failed row.
+    assert_eq!(
+        store.retry_failed(&FailedFilter::default()).await.unwrap(),
+        2
+    );
+}
+
 async fn migration_is_idempotent_and_keeps_rows(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store(3).await;
@@ -357,6 +428,7 @@ on_every_backend!(
     last_error_is_short,
     list_and_bulk_resend,
     retrigger_touches_only_pending_rows,
+    filtered_resend_of_failed,
     migration_is_idempotent_and_keeps_rows,
 );
 
