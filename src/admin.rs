@@ -92,6 +92,10 @@ async fn require_token(State(state): State<AdminState>, req: Request, next: Next
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {
+    let ready = !state.health.draining.load(Ordering::Relaxed)
+        && state.health.joined.load(Ordering::Relaxed)
+        && state.metrics.database_up.get() == 1;
+    state.metrics.ready.set(i64::from(ready));
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),

@@ -174,8 +174,14 @@ async fn refresh_gauges(
             _ = tick.tick() => {}
         }
         match store.stats().await {
-            Ok(stats) => metrics.set_table_stats(&stats, crate::store::now()),
-            Err(e) => warn!(error = %e, "cannot refresh the table gauges"),
+            Ok(stats) => {
+                metrics.set_table_stats(&stats, crate::store::now());
+                metrics.database_up.set(1);
+            }
+            Err(e) => {
+                metrics.database_up.set(0);
+                warn!(error = %e, "cannot refresh the table gauges");
+            }
         }
     }
 }

@@ -26,6 +26,10 @@ pub struct Metrics {
     pub consumer_pauses_total: prometheus::IntCounter,
     pub revoke_held_requests_total: IntCounterVec,
     pub db_write_retries_total: IntCounterVec,
+    /// What `/readyz` answers, for clusters that do not probe it (the
+    /// shipped Deployment): set on every scrape.
+    pub ready: IntGauge,
+    pub database_up: IntGauge,
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -120,6 +124,17 @@ impl Metrics {
             ),
             &["to"],
         ));
+        let ready = must(IntGauge::new(
+            "outbox_ready",
+            "1 when the consumer holds its group assignment (an empty one counts) and the \
+             database answered its last check: what /readyz answers",
+        ));
+        let database_up = must(IntGauge::new(
+            "outbox_database_up",
+            "1 when the last read of the table gauges reached the database",
+        ));
+        reg(Box::new(ready.clone()));
+        reg(Box::new(database_up.clone()));
         reg(Box::new(events_failed.clone()));
         reg(Box::new(events_pending.clone()));
         reg(Box::new(oldest_pending_age.clone()));
@@ -157,6 +172,8 @@ impl Metrics {
             consumer_pauses_total,
             revoke_held_requests_total,
             db_write_retries_total,
+            ready,
+            database_up,
         }
     }
 

@@ -422,14 +422,11 @@ fn ports_probes_service_and_servicemonitor_match_the_admin_defaults() {
 
     let pod = deployment_pod();
     let c = container(&pod, SIDECAR);
-    for probe in ["livenessProbe", "readinessProbe"] {
-        let get = &c[probe]["httpGet"];
-        assert_eq!(resolve_port(c, &get["port"]), default_port, "{probe} port");
-        assert!(str_of(&get["path"], "probe path").starts_with('/'));
-    }
-    assert_ne!(
-        c["livenessProbe"]["httpGet"]["path"], c["readinessProbe"]["httpGet"]["path"],
-        "liveness must not depend on Kafka or the database"
+    let get = &c["livenessProbe"]["httpGet"];
+    assert_eq!(
+        resolve_port(c, &get["port"]),
+        default_port,
+        "livenessProbe port"
     );
 
     let labels = &manifest("Deployment")["spec"]["template"]["metadata"]["labels"];
@@ -502,6 +499,44 @@ fn grace_period_outlasts_the_drain_timeout() {
             "terminationGracePeriodSeconds {grace:?} must exceed shutdown.drain_timeout {drain:?}"
         );
     }
+}
+
+/// Issue 17 item 1: a native sidecar's readiness counts toward the pod's,
+/// so the shipped default must not let a Kafka outage or a slow group join
+/// take the application out of its Service. Liveness stays (a wedged
+/// sidecar is restarted); the sidecar's own readiness is a metric and an alert.
+#[test]
+fn the_shipped_sidecar_does_not_gate_the_pods_readiness() {
+    let pod = deployment_pod();
+    let c = container(&pod, SIDECAR);
+    for probe in ["readinessProbe", "startupProbe"] {
+        assert!(
+            c[probe].is_null(),
+            "the sidecar has a {probe}: Kafka or the database would decide whether the \
+             application's pods receive traffic"
+        );
+    }
+    assert_eq!(
+        c["livenessProbe"]["httpGet"]["path"].as_str(),
+        Some("/livez"),
+        "liveness (which depends on neither Kafka nor the database) stays"
+    );
+    let rule = manifest("PrometheusRule");
+    let alert = seq(&rule["spec"]["groups"])
+        .iter()
+        .flat_map(|g| seq(&g["rules"]))
+        .find(|r| metric_names(str_of(&r["expr"], "expr")).contains("outbox_ready"))
+        .expect("an alert on outbox_ready stands in for the readiness probe");
+    assert!(
+        alert["for"].is_string(),
+        "the readiness alert needs a `for:` so a rollout's group join does not page"
+    );
+    // The coupled variant stays available, documented.
+    let readme = read("deploy/README.md");
+    assert!(
+        readme.contains("readinessProbe:") && readme.contains("path: /readyz"),
+        "deploy/README.md documents the coupled readinessProbe as an option"
+    );
 }
 
 #[test]
@@ -808,13 +843,17 @@ async fn alerts_and_dashboard_use_only_metrics_the_sidecar_exports() {
         );
     }
 
-    // The probes answer where the Deployment sends them.
+    // The probes answer where the Deployment sends them, and the variant
+    // documented in deploy/README.md (a readinessProbe on /readyz) too.
     let pod = deployment_pod();
     let c = container(&pod, SIDECAR);
-    for probe in ["livenessProbe", "readinessProbe"] {
-        let url = t.admin_url(str_of(&c[probe]["httpGet"]["path"], "probe path"));
+    let mut paths = vec![str_of(&c["livenessProbe"]["httpGet"]["path"], "probe path")];
+    paths.extend(c["readinessProbe"]["httpGet"]["path"].as_str());
+    paths.push("/readyz");
+    for path in paths {
+        let url = t.admin_url(path);
         let status = reqwest::get(&url).await.expect("probe").status();
-        assert!(status.is_success(), "{probe} {url}: {status}");
+        assert!(status.is_success(), "{url}: {status}");
     }
 }
 
