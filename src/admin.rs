@@ -29,6 +29,8 @@ use crate::store::{ListFilter, RetryRefused, Store};
 /// Admin requests are small; anything larger is refused before parsing.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 const DEFAULT_LIST_LIMIT: u64 = 100;
+/// What `/readyz` says when the database does not answer, whatever the error.
+pub const DATABASE_UNAVAILABLE: &str = "database unavailable";
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -122,10 +124,18 @@ async fn readyz(State(state): State<AdminState>) -> Response {
     } else if !state.health.joined.load(Ordering::Relaxed) {
         reasons.push("the Kafka consumer has not joined its group yet".to_owned());
     }
+    // The route is open: the reason is fixed text, the error (which can name
+    // users, hosts and TLS details) goes to the log only.
     match tokio::time::timeout(Duration::from_secs(2), state.store.ping()).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => reasons.push(format!("database: {e}")),
-        Err(_) => reasons.push("database: no answer within 2s".to_owned()),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "not ready: the database does not answer");
+            reasons.push(DATABASE_UNAVAILABLE.to_owned());
+        }
+        Err(_) => {
+            tracing::warn!("not ready: the database gave no answer within 2s");
+            reasons.push(DATABASE_UNAVAILABLE.to_owned());
+        }
     }
     if reasons.is_empty() {
         (StatusCode::OK, Json(json!({"ready": true}))).into_response()

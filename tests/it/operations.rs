@@ -334,9 +334,11 @@ async fn readiness_follows_the_database() {
         r.json().await.ok()
     })
     .await;
-    assert_eq!(body["ready"], false);
-    assert!(
-        body["reason"].as_str().unwrap().starts_with("database"),
+    // The route is open: a fixed reason, never the driver's error text
+    // (user names, hosts, TLS details).
+    assert_eq!(
+        body,
+        json!({"ready": false, "reason": "database unavailable"}),
         "{body}"
     );
     // Work arriving during the outage waits, and is done when it returns.
