@@ -22,6 +22,12 @@ pub use secret::{DatabaseUrl, Secret, REDACTED};
 pub const CONFIG_ENV: &str = "OUTBOX_CONFIG";
 /// The prefix of the environment variables that override the file.
 pub const ENV_PREFIX: &str = "OUTBOX";
+/// The shortest `admin.token` accepted (`openssl rand -hex 32` gives 64).
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 24;
+/// The placeholders of `config/example.toml` and
+/// `deploy/kubernetes/secret.example.yaml`: refused as tokens, whatever
+/// their length, so a copied example never opens the admin API.
+pub const ADMIN_TOKEN_PLACEHOLDERS: &[&str] = &["change-me-use-openssl-rand-hex-32", "CHANGE_ME"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -399,6 +405,9 @@ impl Settings {
             ));
         }
         self.admin_listen()?;
+        if let Some(token) = &self.admin.token {
+            check_admin_token(token.expose())?;
+        }
         let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
         for (name, d) in &self.dispatchers {
             let key = |k: &str| format!("dispatchers.{name}.{k}");
@@ -515,6 +524,35 @@ impl Settings {
     pub fn redacted_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot print settings: {e}\n"))
     }
+}
+
+/// An empty token disables the admin API (as no token does); any other
+/// must be long enough not to be guessed and must not be an example's
+/// placeholder. The message never quotes the token.
+fn check_admin_token(token: &str) -> Result<(), ConfigError> {
+    if token.is_empty() {
+        return Ok(());
+    }
+    if ADMIN_TOKEN_PLACEHOLDERS
+        .iter()
+        .any(|p| p.eq_ignore_ascii_case(token.trim()))
+    {
+        return Err(ConfigError::key(
+            "admin.token",
+            "is the example's placeholder; set a random token, e.g. `openssl rand -hex 32`",
+        ));
+    }
+    let chars = token.chars().count();
+    if chars < MIN_ADMIN_TOKEN_CHARS {
+        return Err(ConfigError::key(
+            "admin.token",
+            format!(
+                "is {chars} characters long, fewer than {MIN_ADMIN_TOKEN_CHARS}; set a random \
+                 token, e.g. `openssl rand -hex 32`"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn string_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {

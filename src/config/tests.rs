@@ -92,7 +92,7 @@ fn bad_dispatcher_url_and_listen_address() {
 fn secrets_are_redacted_in_debug_and_toml() {
     let s = Settings::from_toml(
         Some(
-            "[database]\nurl = \"postgres://u:pw-1@h/db\"\n[admin]\ntoken = \"tok-2\"\n\
+            "[database]\nurl = \"postgres://u:pw-1@h/db\"\n[admin]\ntoken = \"tok-2-0123456789abcdef0123\"\n\
              [kafka.properties]\n\"sasl.password\" = \"sasl-3\"\n\"client.id\" = \"me\"\n\
              [dispatchers.a]\nurl = \"http://a\"\nevents = [\"x\"]\n[dispatchers.a.headers]\nAuthorization = \"Bearer hdr-4\"\n",
         ),
@@ -141,4 +141,42 @@ fn drain_timeout_must_stay_below_max_poll_interval() {
         e.to_string(),
         "invalid configuration: kafka.properties.max_poll_interval_ms: \"ten\" is not a number of milliseconds"
     );
+}
+
+#[test]
+fn short_or_placeholder_admin_tokens_are_refused_naming_the_key() {
+    let with_token = |token: &str| {
+        Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[admin]\ntoken = \"{token}\"\n"
+            )),
+            BTreeMap::new(),
+        )
+    };
+    let e = with_token("23-characters-long-abcd").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: admin.token: is 23 characters long, fewer than 24; set a \
+         random token, e.g. `openssl rand -hex 32`"
+    );
+    for placeholder in ADMIN_TOKEN_PLACEHOLDERS {
+        let e = with_token(placeholder).unwrap_err().to_string();
+        assert!(e.starts_with("invalid configuration: admin.token: "), "{e}");
+        assert!(
+            !e.contains(placeholder),
+            "the message quotes the token: {e}"
+        );
+    }
+    // The placeholder of config/example.toml is one of them.
+    let example = include_str!("../../config/example.toml");
+    assert!(
+        ADMIN_TOKEN_PLACEHOLDERS
+            .iter()
+            .any(|p| example.contains(&format!("token = \"{p}\""))),
+        "config/example.toml shows a placeholder the loader refuses"
+    );
+    // 24 characters (not bytes) are enough; empty disables the admin API.
+    assert!(with_token("24-characters-long-abcde").is_ok());
+    assert!(with_token("ééééééééééééééééééééééé€").is_ok());
+    assert!(with_token("").unwrap().admin.token.is_some());
 }

@@ -26,7 +26,7 @@ use crate::config::Settings;
 use crate::store::Store;
 
 const TOPIC: &str = "demo.public.outbox_events";
-const TOKEN: &str = "demo-admin-token";
+const TOKEN: &str = "demo-admin-token-0123456789";
 
 /// The four events of the scenario and the rows of R-004 each exercises.
 struct Case {

@@ -136,7 +136,8 @@ fn outbox_env(c: &Value) -> BTreeMap<String, String> {
                 None if name.ends_with("URL") => {
                     "postgres://outbox:placeholder@db.example:5432/app".to_owned()
                 }
-                None => "placeholder".to_owned(),
+                // Long enough for admin.token's minimum.
+                None => "placeholder-for-a-secret-0123456789".to_owned(),
             };
             Some((name.to_owned(), value))
         })
@@ -620,6 +621,23 @@ fn secret_example_has_every_key_the_pods_reference() {
             );
         }
     }
+}
+
+#[test]
+fn the_secret_examples_admin_token_placeholder_is_refused() {
+    let secret = manifest("Secret");
+    let placeholder = str_of(&secret["stringData"]["admin-token"], "admin-token");
+    let mut env = outbox_env(container(&deployment_pod(), SIDECAR));
+    for (name, value) in env.iter_mut() {
+        if name.starts_with("OUTBOX__ADMIN__TOKEN") {
+            *value = placeholder.to_owned();
+        }
+    }
+    env.insert("OUTBOX__ADMIN__TOKEN".to_owned(), placeholder.to_owned());
+    let e = Settings::from_toml(Some(&configmap_toml()), env)
+        .expect_err("the example Secret's admin-token is accepted")
+        .to_string();
+    assert!(e.contains("admin.token"), "{e}");
 }
 
 // ---------------------------------------------------------------- Debezium

@@ -12,7 +12,7 @@ use wiremock::ResponseTemplate;
 use crate::harness::{eventually, spawn_app, spawn_app_with, Options, Receiver};
 
 const T: Duration = Duration::from_secs(30);
-const TOKEN: &str = "test-admin-token";
+const TOKEN: &str = "test-admin-token-0123456789";
 
 /// The value of one sample in the exposition text, e.g.
 /// `outbox_dispatch_total{event_name="x",outcome="success"}`.
@@ -156,7 +156,7 @@ async fn admin_auth_matrix_on_every_route() {
         };
         let disabled = call(
             format!("http://{}", no_token.admin_addr()),
-            Some("Bearer test-admin-token"),
+            Some("Bearer test-admin-token-0123456789"),
         )
         .await;
         assert_eq!(
@@ -190,11 +190,26 @@ async fn admin_auth_matrix_on_every_route() {
             "{method} {path} not bearer"
         );
         assert_eq!(
-            call(base.clone(), Some("Bearer test-admin-token"))
+            call(base.clone(), Some("Bearer test-admin-token-012345678"))
+                .await
+                .status(),
+            401,
+            "{method} {path} a prefix of the token"
+        );
+        assert_eq!(
+            call(base.clone(), Some("Bearer test-admin-token-0123456789"))
                 .await
                 .status(),
             *ok_status,
             "{method} {path} right"
+        );
+        // RFC 7235: the scheme is case-insensitive.
+        assert_eq!(
+            call(base.clone(), Some("bearer test-admin-token-0123456789"))
+                .await
+                .status(),
+            *ok_status,
+            "{method} {path} right, lower-case scheme"
         );
     }
     // The open routes stay open on both.
@@ -438,7 +453,7 @@ fn config_command_redacts_every_secret() {
             "OUTBOX__DATABASE__URL",
             "postgres://app:db-password-123@db:5432/app",
         )
-        .env("OUTBOX__ADMIN__TOKEN", "admin-token-456")
+        .env("OUTBOX__ADMIN__TOKEN", "admin-token-456-0123456789ab")
         .env(
             "OUTBOX__DISPATCHERS__ACCOUNTS__URL",
             "http://accounts/api/v1/events",
@@ -467,7 +482,7 @@ fn config_command_redacts_every_secret() {
     );
     for secret in [
         "db-password-123",
-        "admin-token-456",
+        "admin-token-456-0123456789ab",
         "header-secret-789",
         "sasl-secret-000",
     ] {

@@ -47,7 +47,7 @@ timeout = "5s"
 Authorization = "Bearer header-secret-789"
 [admin]
 listen = "127.0.0.1:{port}"
-token = "admin-token-456"
+token = "admin-token-456-0123456789ab"
 [shutdown]
 drain_timeout = "5s"
 [log]
@@ -82,7 +82,7 @@ level = "debug"
     assert_eq!(wrong.status(), 401);
     let right = c
         .get(format!("{base}/admin/events"))
-        .bearer_auth("admin-token-456")
+        .bearer_auth("admin-token-456-0123456789ab")
         .send()
         .await
         .unwrap();
@@ -153,7 +153,7 @@ level = "debug"
     assert!(log.contains("shutdown requested"), "{log}");
     for secret in [
         "db-password-123",
-        "admin-token-456",
+        "admin-token-456-0123456789ab",
         "header-secret-789",
         "wrong-token-111",
     ] {

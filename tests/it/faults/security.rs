@@ -15,7 +15,7 @@ use super::check::{all_rows, check, Spec};
 use super::setup::{insert_many, prepare, scale, settle, settle_rows, T};
 use crate::harness::{eventually, Options, Receiver};
 
-const TOKEN: &str = "test-admin-token";
+const TOKEN: &str = "test-admin-token-0123456789";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_routes_under_load_with_no_wrong_and_right_tokens() {
@@ -108,7 +108,7 @@ async fn admin_routes_under_load_with_no_wrong_and_right_tokens() {
 }
 
 const DB_PASSWORD: &str = "db-password-fault-321";
-const ADMIN_TOKEN: &str = "admin-token-fault-654";
+const ADMIN_TOKEN: &str = "admin-token-fault-654-0123456789";
 const HEADER_SECRET: &str = "header-secret-fault-987";
 const REFUSED_SECRET: &str = "refused-secret-fault-111";
 const SECRETS: [&str; 4] = [DB_PASSWORD, ADMIN_TOKEN, HEADER_SECRET, REFUSED_SECRET];

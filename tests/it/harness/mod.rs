@@ -105,7 +105,7 @@ impl Default for Options {
             max_attempts: 3,
             max_in_flight: 16,
             partitions: 3,
-            admin_token: Some("test-admin-token"),
+            admin_token: Some("test-admin-token-0123456789"),
             extra_toml: String::new(),
         }
     }
