@@ -1,10 +1,12 @@
-//! The HTTP surface on `admin.listen`: `/metrics`, `/livez`, `/readyz`, and
-//! the admin API that stands in for ActiveAdmin's `outbox_events` resource
-//! and its "Reenviar" (CONTRACT §6, §9).
+//! The HTTP surface: `/metrics`, `/livez`, `/readyz` on `admin.listen`, and
+//! on its own listener, `admin.api_listen`, the admin API that stands in for
+//! ActiveAdmin's `outbox_events` resource and its "Reenviar" (CONTRACT §6, §9).
 //!
-//! `/metrics` and the health routes are open. `/admin/*` needs
-//! `Authorization: Bearer <admin.token>`, compared in constant time; with no
-//! token configured those routes answer 403 — disabled, never open.
+//! `/metrics` and the health routes are open and say nothing about the
+//! database beyond fixed text; they are scraped cluster-wide. `/admin/*`
+//! listens on loopback by default (reached with `kubectl port-forward`) and
+//! needs `Authorization: Bearer <admin.token>`, compared in constant time;
+//! with no token configured those routes answer 403 — disabled, never open.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -43,18 +45,28 @@ pub struct AdminState {
     pub alive: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// The open routes of `admin.listen`: `/metrics`, `/livez`, `/readyz`.
 pub fn router(state: AdminState) -> Router {
-    let admin = Router::new()
-        .route("/admin/events", get(list_events))
-        .route("/admin/events/retry", post(retry_all))
-        .route("/admin/events/{id}", get(get_event))
-        .route("/admin/events/{id}/retry", post(retry_one))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .merge(admin)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(
+            MAX_BODY_BYTES,
+        ))
+        .with_state(state)
+}
+
+/// The admin API of `admin.api_listen` (loopback by default): `/admin/*`,
+/// behind the bearer token.
+pub fn api_router(state: AdminState) -> Router {
+    Router::new()
+        .route("/admin/events", get(list_events))
+        .route("/admin/events/retry", post(retry_all))
+        .route("/admin/events/{id}", get(get_event))
+        .route("/admin/events/{id}/retry", post(retry_one))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(
             MAX_BODY_BYTES,

@@ -200,8 +200,12 @@ pub struct DispatcherSettings {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminSettings {
+    /// `/metrics`, `/livez`, `/readyz`.
     #[serde(default = "default_admin_listen")]
     pub listen: String,
+    /// `/admin/*`: loopback unless an operator exposes it.
+    #[serde(default = "default_admin_api_listen")]
+    pub api_listen: String,
     /// With no token the admin routes answer 403: never open.
     #[serde(default)]
     pub token: Option<Secret>,
@@ -211,6 +215,7 @@ impl Default for AdminSettings {
     fn default() -> Self {
         Self {
             listen: default_admin_listen(),
+            api_listen: default_admin_api_listen(),
             token: None,
         }
     }
@@ -298,6 +303,9 @@ fn default_dispatch_timeout() -> Duration {
 }
 fn default_admin_listen() -> String {
     "0.0.0.0:9464".to_owned()
+}
+fn default_admin_api_listen() -> String {
+    "127.0.0.1:9465".to_owned()
 }
 fn default_refresh_interval() -> Duration {
     Duration::from_secs(15)
@@ -404,7 +412,14 @@ impl Settings {
                 "must be at least 1",
             ));
         }
-        self.admin_listen()?;
+        let listen = self.admin_listen()?;
+        let api_listen = self.admin_api_listen()?;
+        if listen == api_listen && listen.port() != 0 {
+            return Err(ConfigError::key(
+                "admin.api_listen",
+                format!("{api_listen} is admin.listen's address too; the admin API needs its own"),
+            ));
+        }
         if let Some(token) = &self.admin.token {
             check_admin_token(token.expose())?;
         }
@@ -511,6 +526,18 @@ impl Settings {
                 format!(
                     "{:?} is not an address like \"0.0.0.0:9464\"",
                     self.admin.listen
+                ),
+            )
+        })
+    }
+
+    pub fn admin_api_listen(&self) -> Result<SocketAddr, ConfigError> {
+        self.admin.api_listen.parse().map_err(|_| {
+            ConfigError::key(
+                "admin.api_listen",
+                format!(
+                    "{:?} is not an address like \"127.0.0.1:9465\"",
+                    self.admin.api_listen
                 ),
             )
         })

@@ -46,6 +46,7 @@ fn defaults_are_the_requirement() {
     assert_eq!(s.dispatch.max_attempts, 3);
     assert_eq!(s.dispatch.retry_delay, Duration::from_secs(5));
     assert_eq!(s.admin.listen, "0.0.0.0:9464");
+    assert_eq!(s.admin.api_listen, "127.0.0.1:9465");
     assert!(
         s.admin.token.is_none(),
         "no token by default: admin disabled"
@@ -179,4 +180,39 @@ fn short_or_placeholder_admin_tokens_are_refused_naming_the_key() {
     assert!(with_token("24-characters-long-abcde").is_ok());
     assert!(with_token("ééééééééééééééééééééééé€").is_ok());
     assert!(with_token("").unwrap().admin.token.is_some());
+}
+
+#[test]
+fn the_admin_api_listens_apart_from_metrics_and_health() {
+    let with = |admin: &str| {
+        Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[admin]\n{admin}\n"
+            )),
+            BTreeMap::new(),
+        )
+    };
+    let s = with("").unwrap();
+    assert_eq!(
+        s.admin_api_listen().unwrap(),
+        "127.0.0.1:9465".parse().unwrap()
+    );
+    let s = with("api_listen = \"10.0.0.7:9500\"").unwrap();
+    assert_eq!(
+        s.admin_api_listen().unwrap(),
+        "10.0.0.7:9500".parse().unwrap()
+    );
+    assert_eq!(
+        with("api_listen = \"loopback\"").unwrap_err().to_string(),
+        "invalid configuration: admin.api_listen: \"loopback\" is not an address like \"127.0.0.1:9465\""
+    );
+    assert_eq!(
+        with("listen = \"0.0.0.0:9464\"\napi_listen = \"0.0.0.0:9464\"")
+            .unwrap_err()
+            .to_string(),
+        "invalid configuration: admin.api_listen: 0.0.0.0:9464 is admin.listen's address too; \
+         the admin API needs its own"
+    );
+    // Port 0 (tests) picks two different ports.
+    with("listen = \"127.0.0.1:0\"\napi_listen = \"127.0.0.1:0\"").unwrap();
 }

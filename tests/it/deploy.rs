@@ -438,6 +438,21 @@ fn ports_probes_service_and_servicemonitor_match_the_admin_defaults() {
     );
     let ports = seq(&service["spec"]["ports"]);
     assert_eq!(ports.len(), 1);
+    // Issue 17 item 4: the admin API stays inside the pod by default.
+    let api = deployed_settings()
+        .admin_api_listen()
+        .expect("admin.api_listen");
+    assert!(
+        api.ip().is_loopback(),
+        "the ConfigMap exposes the admin API on {api}"
+    );
+    assert_ne!(api.port(), default_port);
+    assert!(
+        !seq(&c["ports"])
+            .iter()
+            .any(|p| p["containerPort"].as_u64() == Some(u64::from(api.port()))),
+        "the sidecar container declares the admin API's port"
+    );
     let sport = &ports[0];
     assert_eq!(
         resolve_port(c, &sport["targetPort"]),
@@ -486,22 +501,6 @@ fn ports_probes_service_and_servicemonitor_match_the_admin_defaults() {
     );
 }
 
-#[test]
-fn grace_period_outlasts_the_drain_timeout() {
-    let pod = deployment_pod();
-    // Kubernetes' default when the field is absent.
-    let grace = Duration::from_secs(pod["terminationGracePeriodSeconds"].as_u64().unwrap_or(30));
-    for drain in [
-        deployed_settings().shutdown.drain_timeout,
-        ShutdownSettings::default().drain_timeout,
-    ] {
-        assert!(
-            grace > drain,
-            "terminationGracePeriodSeconds {grace:?} must exceed shutdown.drain_timeout {drain:?}"
-        );
-    }
-}
-
 /// Issue 17 item 1: a native sidecar's readiness counts toward the pod's,
 /// so the shipped default must not let a Kafka outage or a slow group join
 /// take the application out of its Service. Liveness stays (a wedged
@@ -538,6 +537,22 @@ fn the_shipped_sidecar_does_not_gate_the_pods_readiness() {
         readme.contains("readinessProbe:") && readme.contains("path: /readyz"),
         "deploy/README.md documents the coupled readinessProbe as an option"
     );
+}
+
+#[test]
+fn grace_period_outlasts_the_drain_timeout() {
+    let pod = deployment_pod();
+    // Kubernetes' default when the field is absent.
+    let grace = Duration::from_secs(pod["terminationGracePeriodSeconds"].as_u64().unwrap_or(30));
+    for drain in [
+        deployed_settings().shutdown.drain_timeout,
+        ShutdownSettings::default().drain_timeout,
+    ] {
+        assert!(
+            grace > drain,
+            "terminationGracePeriodSeconds {grace:?} must exceed shutdown.drain_timeout {drain:?}"
+        );
+    }
 }
 
 #[test]

@@ -103,7 +103,7 @@ async fn metrics_show_exact_counts_and_follow_a_resend() {
 
     // Resend through the admin API: the gauges follow, the pipeline sends it.
     let r = client()
-        .post(format!("{base}/admin/events/{bad}/retry"))
+        .post(t.api_url(&format!("/admin/events/{bad}/retry")))
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -155,7 +155,7 @@ async fn admin_auth_matrix_on_every_route() {
             async move { req.send().await.unwrap() }
         };
         let disabled = call(
-            format!("http://{}", no_token.admin_addr()),
+            format!("http://{}", no_token.api_addr()),
             Some("Bearer test-admin-token-0123456789"),
         )
         .await;
@@ -169,7 +169,15 @@ async fn admin_auth_matrix_on_every_route() {
             .as_str()
             .unwrap()
             .contains("set admin.token (OUTBOX__ADMIN__TOKEN)"));
-        let base = t.admin_url("");
+        // Issue 17 item 4: the admin API is not on the scraped listener.
+        assert_eq!(
+            call(t.admin_url(""), Some("Bearer test-admin-token-0123456789"))
+                .await
+                .status(),
+            404,
+            "{method} {path} on admin.listen"
+        );
+        let base = t.api_url("");
         assert_eq!(
             call(base.clone(), None).await.status(),
             401,
@@ -212,7 +220,11 @@ async fn admin_auth_matrix_on_every_route() {
             "{method} {path} right, lower-case scheme"
         );
     }
-    // The open routes stay open on both.
+    // The open routes stay open on both, and only on admin.listen.
+    for path in ["/metrics", "/livez", "/readyz"] {
+        let status = reqwest::get(t.api_url(path)).await.unwrap().status();
+        assert_eq!(status, 404, "{path} on admin.api_listen");
+    }
     for base in [t.admin_url(""), format!("http://{}", no_token.admin_addr())] {
         for path in ["/metrics", "/livez", "/readyz"] {
             assert_eq!(
@@ -259,7 +271,7 @@ async fn admin_list_filters_and_resends_are_dispatched() {
         (r.status().as_u16(), r.json::<Value>().await.unwrap())
     };
     let (status, list) =
-        get(t.admin_url("/admin/events?status=failed&event_name=accounts.installment_paid")).await;
+        get(t.api_url("/admin/events?status=failed&event_name=accounts.installment_paid")).await;
     assert_eq!(status, 200);
     let ids: Vec<i64> = list
         .as_array()
@@ -271,18 +283,18 @@ async fn admin_list_filters_and_resends_are_dispatched() {
     assert_eq!(list[0]["last_error"], "HTTP 503");
     assert_eq!(list[0]["attempts"], 1);
     assert_eq!(list[0]["status"], "failed");
-    let (_, limited) = get(t.admin_url("/admin/events?limit=1")).await;
+    let (_, limited) = get(t.api_url("/admin/events?limit=1")).await;
     assert_eq!(limited.as_array().unwrap().len(), 1);
-    let (status, bad) = get(t.admin_url("/admin/events?status=done")).await;
+    let (status, bad) = get(t.api_url("/admin/events?status=done")).await;
     assert_eq!(status, 400);
     assert!(bad["error"]
         .as_str()
         .unwrap()
         .contains("unknown status \"done\""));
-    let (status, one) = get(t.admin_url(&format!("/admin/events/{a}"))).await;
+    let (status, one) = get(t.api_url(&format!("/admin/events/{a}"))).await;
     assert_eq!(status, 200);
     assert_eq!(one["payload"], json!({}));
-    let (status, missing) = get(t.admin_url("/admin/events/987654")).await;
+    let (status, missing) = get(t.api_url("/admin/events/987654")).await;
     assert_eq!(
         (status, missing["error"].as_str().unwrap()),
         (404, "event 987654 not found")
@@ -293,31 +305,31 @@ async fn admin_list_filters_and_resends_are_dispatched() {
         let r = client().post(path).bearer_auth(TOKEN).send().await.unwrap();
         (r.status().as_u16(), r.json::<Value>().await.unwrap())
     };
-    let (status, body) = post(t.admin_url(&format!("/admin/events/{a}/retry"))).await;
+    let (status, body) = post(t.api_url(&format!("/admin/events/{a}/retry"))).await;
     assert_eq!(status, 200);
     assert_eq!(
         (body["status"].as_str(), body["attempts"].as_i64()),
         (Some("pending"), Some(0))
     );
     let (status, body) =
-        post(t.admin_url("/admin/events/retry?status=failed&event_name=accounts.installment_paid"))
+        post(t.api_url("/admin/events/retry?status=failed&event_name=accounts.installment_paid"))
             .await;
     assert_eq!((status, body["resent"].as_u64()), (200, Some(2)));
     for id in [a, b, c] {
         t.wait_status(id, Status::Sent, T).await;
     }
-    let (status, conflict) = post(t.admin_url(&format!("/admin/events/{a}/retry"))).await;
+    let (status, conflict) = post(t.api_url(&format!("/admin/events/{a}/retry"))).await;
     assert_eq!(status, 409);
     assert_eq!(conflict["status"], "sent");
     assert_eq!(
         conflict["error"],
         format!("event {a} is sent: only failed events can be resent")
     );
-    let (status, _) = post(t.admin_url("/admin/events/987654/retry")).await;
+    let (status, _) = post(t.api_url("/admin/events/987654/retry")).await;
     assert_eq!(status, 404);
     // Bodies over the limit are refused before any handler runs.
     let big = client()
-        .post(t.admin_url(&format!("/admin/events/{a}/retry")))
+        .post(t.api_url(&format!("/admin/events/{a}/retry")))
         .bearer_auth(TOKEN)
         .body(vec![b'x'; 64 * 1024])
         .send()
