@@ -361,9 +361,11 @@ impl Settings {
         if let Some(text) = toml {
             builder = builder.add_source(config::File::from_str(text, config::FileFormat::Toml));
         }
+        // No `try_parsing`: it turned `00123456` into `123456` and `TRUE`
+        // into `true` before any field saw them. Every value stays a string;
+        // number and duration fields parse it themselves.
         let env = config::Environment::with_prefix(ENV_PREFIX)
             .separator("__")
-            .try_parsing(true)
             .source(Some(env.into_iter().collect()));
         let merged = builder
             .add_source(env)
@@ -636,8 +638,16 @@ pub mod duration {
         }
     }
 
+    /// A bare integer (as an environment variable gives it) is seconds,
+    /// like an integer in the TOML file.
     pub fn parse(s: &str) -> Result<Duration, String> {
-        humantime::parse_duration(s.trim())
+        let t = s.trim();
+        if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+            if let Ok(seconds) = t.parse::<u64>() {
+                return Ok(Duration::from_secs(seconds));
+            }
+        }
+        humantime::parse_duration(t)
             .map_err(|_| format!("{s:?} is not a duration (expected e.g. \"5s\" or \"200ms\")"))
     }
 

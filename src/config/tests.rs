@@ -216,3 +216,52 @@ fn the_admin_api_listens_apart_from_metrics_and_health() {
     // Port 0 (tests) picks two different ports.
     with("listen = \"127.0.0.1:0\"\napi_listen = \"127.0.0.1:0\"").unwrap();
 }
+
+/// Issue 16 item 10: an environment value is the string it was set to;
+/// only a field that is a number or a duration parses it, by its own rules.
+#[test]
+fn environment_values_are_never_coerced() {
+    let s = Settings::from_toml(
+        Some(
+            "[database]\nurl = \"sqlite::memory:\"\n\
+             [dispatchers.a]\nurl = \"http://a\"\nevents = [\"x\"]\n",
+        ),
+        env(&[
+            ("OUTBOX__ADMIN__TOKEN", "000000000000000000000123456"),
+            ("OUTBOX__DISPATCHERS__A__HEADERS__AUTHORIZATION", "12e34"),
+            ("OUTBOX__KAFKA__PROPERTIES__ENABLE_IDEMPOTENCE", "TRUE"),
+            ("OUTBOX__KAFKA__PROPERTIES__CLIENT_ID", "0700"),
+            ("OUTBOX__KAFKA__GROUP_ID", "1e3"),
+            ("OUTBOX__KAFKA__TOPIC", "007"),
+            ("OUTBOX__DISPATCH__MAX_IN_FLIGHT", "7"),
+            ("OUTBOX__DISPATCH__MAX_ATTEMPTS", "05"),
+            ("OUTBOX__DISPATCH__RETRY_DELAY", "2"),
+            ("OUTBOX__SHUTDOWN__DRAIN_TIMEOUT", "1500ms"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        s.admin.token.as_ref().map(Secret::expose),
+        Some("000000000000000000000123456")
+    );
+    assert_eq!(
+        s.dispatchers["a"].headers["authorization"].expose(),
+        "12e34"
+    );
+    assert_eq!(s.kafka.properties["enable_idempotence"], "TRUE");
+    assert_eq!(s.kafka.properties["client_id"], "0700");
+    assert_eq!(s.kafka.group_id, "1e3");
+    assert_eq!(s.kafka.topic, "007");
+    assert_eq!(s.dispatch.max_in_flight, 7);
+    assert_eq!(s.dispatch.max_attempts, 5);
+    assert_eq!(s.dispatch.retry_delay, Duration::from_secs(2));
+    assert_eq!(s.shutdown.drain_timeout, Duration::from_millis(1500));
+    // A number field still refuses what is not its number, naming the key.
+    let e = Settings::from_toml(
+        Some("[database]\nurl = \"sqlite::memory:\"\n"),
+        env(&[("OUTBOX__DISPATCH__MAX_IN_FLIGHT", "1e3")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("dispatch.max_in_flight"), "{e}");
+}
