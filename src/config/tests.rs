@@ -265,3 +265,151 @@ fn environment_values_are_never_coerced() {
     .to_string();
     assert!(e.contains("dispatch.max_in_flight"), "{e}");
 }
+
+const ONE_DISPATCHER: &str = "[dispatchers.a]\nurl = \"http://a\"\nevents = [\"x\"]\n";
+
+/// Issue 16 item 11: secrets from files, as Kubernetes mounts a Secret.
+#[test]
+fn secrets_are_read_from_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let url = write("database-url", "postgres://u:pw-9@h:5432/db\n");
+    let token = write("admin-token", "0123456789abcdef0123456789abcdef\r\n");
+    let auth = write("authorization", "Bearer hdr-file-1");
+    let key = write("api-key", "key-file-2\n");
+    let s = Settings::from_toml(
+        Some(&format!(
+            "[database]\nurl_file = \"{url}\"\n{ONE_DISPATCHER}\
+             [dispatchers.a.header_files]\nAuthorization = \"{auth}\"\n"
+        )),
+        env(&[
+            ("OUTBOX__ADMIN__TOKEN_FILE", token.as_str()),
+            (
+                "OUTBOX__DISPATCHERS__A__HEADER_FILES__X_API_KEY",
+                key.as_str(),
+            ),
+        ]),
+    )
+    .unwrap();
+    // One trailing line break is dropped, nothing else.
+    assert_eq!(s.database_url(), "postgres://u:pw-9@h:5432/db");
+    assert_eq!(
+        s.admin.token.as_ref().map(Secret::expose),
+        Some("0123456789abcdef0123456789abcdef")
+    );
+    let headers = &s.dispatchers["a"].headers;
+    assert_eq!(headers["Authorization"].expose(), "Bearer hdr-file-1");
+    assert_eq!(headers["x-api-key"].expose(), "key-file-2");
+    // The paths are printed, the contents are not.
+    let shown = format!("{s:?}\n{}", s.redacted_toml());
+    for secret in ["pw-9", "0123456789abcdef", "hdr-file-1", "key-file-2"] {
+        assert!(!shown.contains(secret), "{secret} shown:\n{shown}");
+    }
+    assert!(shown.contains(&auth), "{shown}");
+}
+
+#[test]
+fn secret_file_errors_name_the_key_and_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nothing-here");
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    let load = |toml: String, pairs: &[(&str, &str)]| {
+        Settings::from_toml(Some(&toml), env(pairs))
+            .unwrap_err()
+            .to_string()
+    };
+    let e = load(
+        format!("[database]\nurl_file = \"{}\"\n", missing.display()),
+        &[],
+    );
+    assert!(
+        e.starts_with(&format!(
+            "invalid configuration: database.url_file: cannot read {}: ",
+            missing.display()
+        )),
+        "{e}"
+    );
+    let e = load(
+        "[database]\nurl = \"sqlite::memory:\"\n".to_owned(),
+        &[("OUTBOX__ADMIN__TOKEN_FILE", empty.to_str().unwrap())],
+    );
+    assert_eq!(
+        e,
+        format!(
+            "invalid configuration: admin.token_file: {} is empty",
+            empty.display()
+        )
+    );
+    let e = load(
+        "[database]\nurl = \"sqlite::memory:\"\n".to_owned(),
+        &[("OUTBOX__DATABASE__URL_FILE", empty.to_str().unwrap())],
+    );
+    assert_eq!(
+        e,
+        "invalid configuration: database.url_file: set database.url or database.url_file, not both"
+    );
+    let e = load(
+        format!(
+            "[database]\nurl = \"sqlite::memory:\"\n{ONE_DISPATCHER}\
+             [dispatchers.a.headers]\nAuthorization = \"x\"\n"
+        ),
+        &[(
+            "OUTBOX__DISPATCHERS__A__HEADER_FILES__AUTHORIZATION",
+            missing.to_str().unwrap(),
+        )],
+    );
+    assert_eq!(
+        e,
+        "invalid configuration: dispatchers.a.header_files.authorization: set \
+         dispatchers.a.headers.Authorization or dispatchers.a.header_files.authorization, not both"
+    );
+}
+
+/// Issue 16 item 11: `X-Api-Key` from the environment, and the environment
+/// overriding the file's spelling of a header name.
+#[test]
+fn header_names_with_dashes_from_the_environment() {
+    let s = Settings::from_toml(
+        Some(&format!(
+            "[database]\nurl = \"sqlite::memory:\"\n{ONE_DISPATCHER}\
+             [dispatchers.a.headers]\nAuthorization = \"from-file\"\nX-Tenant = \"t1\"\n"
+        )),
+        env(&[
+            ("OUTBOX__DISPATCHERS__A__HEADERS__X_API_KEY", "k-1"),
+            ("OUTBOX__DISPATCHERS__A__HEADERS__AUTHORIZATION", "from-env"),
+        ]),
+    )
+    .unwrap();
+    let headers: BTreeMap<&str, &str> = s.dispatchers["a"]
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.expose()))
+        .collect();
+    assert_eq!(
+        headers,
+        BTreeMap::from([
+            ("X-Tenant", "t1"),
+            ("authorization", "from-env"),
+            ("x-api-key", "k-1"),
+        ])
+    );
+    // Twice in the file is a mistake, named.
+    let e = Settings::from_toml(
+        Some(&format!(
+            "[database]\nurl = \"sqlite::memory:\"\n{ONE_DISPATCHER}\
+             [dispatchers.a.headers]\nAuthorization = \"a\"\nauthorization = \"b\"\n"
+        )),
+        BTreeMap::new(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: dispatchers.a.headers.authorization: \"Authorization\" is set \
+         too; header names are case-insensitive"
+    );
+}

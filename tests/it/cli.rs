@@ -210,3 +210,33 @@ fn short_or_placeholder_admin_token_stops_start_up_naming_the_key() {
         assert!(!err.contains(token), "{err}");
     }
 }
+
+/// Issue 16 item 11: a secret file that cannot be read stops every command
+/// with exit 2, naming the key and the path.
+#[test]
+fn an_unreadable_secret_file_is_a_usage_error_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("database-url");
+    let out = bin()
+        .env("OUTBOX__DATABASE__URL_FILE", &missing)
+        .arg("config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with(&format!(
+            "error: invalid configuration: database.url_file: cannot read {}: ",
+            missing.display()
+        )),
+        "{err}"
+    );
+    std::fs::write(&missing, "sqlite::memory:\n").unwrap();
+    let out = bin()
+        .env("OUTBOX__DATABASE__URL_FILE", &missing)
+        .arg("config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("url = \"sqlite::memory:\""));
+}

@@ -399,7 +399,7 @@ fn bad_configurations_exit_2_naming_the_key() {
     let cases = [
         (
             "[database]\nurl = \"sqlite::memory:\"\nurll = \"x\"\n",
-            "error: invalid configuration: unknown field `urll`, expected one of `url`, `table`, `max_connections`, `connect_timeout` for key `database`\n",
+            "error: invalid configuration: unknown field `urll`, expected one of `url`, `url_file`, `table`, `max_connections`, `connect_timeout` for key `database`\n",
         ),
         (
             "[database]\nurl = \"sqlite::memory:\"\n[dispatchers.accounts]\nevents = [\"accounts.purchase_create\"]\n",
@@ -507,4 +507,28 @@ fn config_command_redacts_every_secret() {
     assert!(text.contains("token = \"***\""), "{text}");
     assert!(text.contains("authorization = \"***\""), "{text}");
     assert!(text.contains("sasl_password = \"***\""), "{text}");
+}
+
+/// Issue 16 item 11: a dispatcher header's value read from a file (as from
+/// a mounted Secret) reaches the receiver byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_value_from_a_file_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api-key");
+    std::fs::write(&path, "0042-key-from-file\n").unwrap();
+    let t = spawn_app(Options {
+        extra_toml: format!(
+            "[dispatchers.accounts.header_files]\nX-Api-Key = \"{}\"\n",
+            path.display()
+        ),
+        ..Options::default()
+    })
+    .await;
+    let id = t.insert("accounts.purchase_create", json!({})).await;
+    t.wait_status(id, Status::Sent, T).await;
+    let sent = t.receiver.for_id(id);
+    assert_eq!(
+        sent[0].headers.get("x-api-key").map(String::as_str),
+        Some("0042-key-from-file")
+    );
 }
