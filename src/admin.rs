@@ -1,10 +1,12 @@
-//! The HTTP surface on `admin.listen`: `/metrics`, `/livez`, `/readyz`, and
-//! the admin API that stands in for ActiveAdmin's `outbox_events` resource
-//! and its "Reenviar" (CONTRACT §6, §9).
+//! The HTTP surface: `/metrics`, `/livez`, `/readyz` on `admin.listen`, and
+//! on its own listener, `admin.api_listen`, the admin API that stands in for
+//! ActiveAdmin's `outbox_events` resource and its "Reenviar" (CONTRACT §6, §9).
 //!
-//! `/metrics` and the health routes are open. `/admin/*` needs
-//! `Authorization: Bearer <admin.token>`, compared in constant time; with no
-//! token configured those routes answer 403 — disabled, never open.
+//! `/metrics` and the health routes are open and say nothing about the
+//! database beyond fixed text; they are scraped cluster-wide. `/admin/*`
+//! listens on loopback by default (reached with `kubectl port-forward`) and
+//! needs `Authorization: Bearer <admin.token>`, compared in constant time;
+//! with no token configured those routes answer 403 — disabled, never open.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use axum::{Json, Router};
 use entity::{OutboxEventRow, Status};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::Secret;
@@ -29,6 +32,8 @@ use crate::store::{ListFilter, RetryRefused, Store};
 /// Admin requests are small; anything larger is refused before parsing.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 const DEFAULT_LIST_LIMIT: u64 = 100;
+/// What `/readyz` says when the database does not answer, whatever the error.
+pub const DATABASE_UNAVAILABLE: &str = "database unavailable";
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -40,18 +45,28 @@ pub struct AdminState {
     pub alive: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// The open routes of `admin.listen`: `/metrics`, `/livez`, `/readyz`.
 pub fn router(state: AdminState) -> Router {
-    let admin = Router::new()
-        .route("/admin/events", get(list_events))
-        .route("/admin/events/retry", post(retry_all))
-        .route("/admin/events/{id}", get(get_event))
-        .route("/admin/events/{id}/retry", post(retry_one))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .merge(admin)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(
+            MAX_BODY_BYTES,
+        ))
+        .with_state(state)
+}
+
+/// The admin API of `admin.api_listen` (loopback by default): `/admin/*`,
+/// behind the bearer token.
+pub fn api_router(state: AdminState) -> Router {
+    Router::new()
+        .route("/admin/events", get(list_events))
+        .route("/admin/events/retry", post(retry_all))
+        .route("/admin/events/{id}", get(get_event))
+        .route("/admin/events/{id}/retry", post(retry_one))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(
             MAX_BODY_BYTES,
@@ -73,11 +88,8 @@ async fn require_token(State(state): State<AdminState>, req: Request, next: Next
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    let ok: bool = presented.as_bytes().ct_eq(token.expose().as_bytes()).into();
-    if !ok || presented.is_empty() {
+        .and_then(|v| v.to_str().ok());
+    if !bearer_matches(presented, token) {
         let mut resp = error(
             StatusCode::UNAUTHORIZED,
             "missing or wrong bearer token in the Authorization header",
@@ -91,7 +103,28 @@ async fn require_token(State(state): State<AdminState>, req: Request, next: Next
     next.run(req).await
 }
 
+/// Whether an `Authorization` header value carries `token` with the
+/// `Bearer` scheme, the scheme's case ignored (RFC 7235). The two tokens are
+/// compared as SHA-256 digests, which always have the same length, in
+/// constant time: neither the token's length nor a matching prefix shows in
+/// the time an answer takes.
+fn bearer_matches(authorization: Option<&str>, token: &Secret) -> bool {
+    let presented = authorization
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, credentials)| credentials.trim_start_matches(' '))
+        .unwrap_or("");
+    let presented_digest = Sha256::digest(presented.as_bytes());
+    let token_digest = Sha256::digest(token.expose().as_bytes());
+    let same: bool = presented_digest[..].ct_eq(&token_digest[..]).into();
+    same && !presented.is_empty()
+}
+
 async fn metrics(State(state): State<AdminState>) -> Response {
+    let ready = !state.health.draining.load(Ordering::Relaxed)
+        && state.health.joined.load(Ordering::Relaxed)
+        && state.metrics.database_up.get() == 1;
+    state.metrics.ready.set(i64::from(ready));
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),
@@ -118,10 +151,18 @@ async fn readyz(State(state): State<AdminState>) -> Response {
     } else if !state.health.joined.load(Ordering::Relaxed) {
         reasons.push("the Kafka consumer has not joined its group yet".to_owned());
     }
+    // The route is open: the reason is fixed text, the error (which can name
+    // users, hosts and TLS details) goes to the log only.
     match tokio::time::timeout(Duration::from_secs(2), state.store.ping()).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => reasons.push(format!("database: {e}")),
-        Err(_) => reasons.push("database: no answer within 2s".to_owned()),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "not ready: the database does not answer");
+            reasons.push(DATABASE_UNAVAILABLE.to_owned());
+        }
+        Err(_) => {
+            tracing::warn!("not ready: the database gave no answer within 2s");
+            reasons.push(DATABASE_UNAVAILABLE.to_owned());
+        }
     }
     if reasons.is_empty() {
         (StatusCode::OK, Json(json!({"ready": true}))).into_response()
@@ -255,5 +296,44 @@ async fn retry_all(State(state): State<AdminState>, Query(q): Query<RetryAllQuer
             Json(json!({ "resent": n })).into_response()
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        let token = Secret::new(TOKEN);
+        for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+            let header = format!("{scheme} {TOKEN}");
+            assert!(bearer_matches(Some(&header), &token), "{header}");
+        }
+        assert!(bearer_matches(Some(&format!("Bearer   {TOKEN}")), &token));
+    }
+
+    #[test]
+    fn anything_but_the_exact_token_is_refused() {
+        let token = Secret::new(TOKEN);
+        let refused = [
+            None,
+            Some(String::new()),
+            Some("Bearer".to_owned()),
+            Some("Bearer ".to_owned()),
+            Some(TOKEN.to_owned()),
+            Some(format!("Basic {TOKEN}")),
+            Some(format!("Bearerx {TOKEN}")),
+            Some(format!("Bearer {}", &TOKEN[..31])),
+            Some(format!("Bearer {TOKEN}0")),
+            Some(format!("Bearer {}", TOKEN.to_uppercase())),
+        ];
+        for header in refused {
+            assert!(!bearer_matches(header.as_deref(), &token), "{header:?}");
+        }
+        // An empty configured token never opens the API.
+        assert!(!bearer_matches(Some("Bearer "), &Secret::new("")));
     }
 }

@@ -27,8 +27,9 @@ pub enum AppError {
     Consumer(#[from] crate::consumer::ConsumerError),
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    #[error("cannot listen on {addr} (admin.listen): {source}")]
+    #[error("cannot listen on {addr} ({key}): {source}")]
     Listen {
+        key: &'static str,
         addr: SocketAddr,
         source: std::io::Error,
     },
@@ -37,6 +38,7 @@ pub enum AppError {
 /// A running sidecar.
 pub struct App {
     admin_addr: SocketAddr,
+    api_addr: SocketAddr,
     shutdown: CancellationToken,
     metrics: Metrics,
     store: Store,
@@ -51,13 +53,9 @@ impl App {
         let store = crate::cli::open_store(&settings).await?;
         let registry = Registry::from_settings(&settings.dispatchers)?;
         metrics.register_event_names(registry.event_names());
-        let addr = settings.admin_listen()?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| AppError::Listen { addr, source })?;
-        let admin_addr = listener
-            .local_addr()
-            .map_err(|source| AppError::Listen { addr, source })?;
+        let (listener, admin_addr) = bind("admin.listen", settings.admin_listen()?).await?;
+        let (api_listener, api_addr) =
+            bind("admin.api_listen", settings.admin_api_listen()?).await?;
 
         let shutdown = CancellationToken::new();
         let health = Arc::new(ConsumerHealth::default());
@@ -90,18 +88,18 @@ impl App {
             alive: alive.clone(),
         };
         let server_shutdown = CancellationToken::new();
-        let server = {
-            let stop = server_shutdown.clone();
-            tokio::spawn(async move {
-                let app = admin::router(admin_state);
-                if let Err(e) = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move { stop.cancelled().await })
-                    .await
-                {
-                    error!(error = %e, "admin server stopped");
-                }
-            })
-        };
+        let server = serve(
+            listener,
+            admin::router(admin_state.clone()),
+            "admin.listen",
+            server_shutdown.clone(),
+        );
+        let api_server = serve(
+            api_listener,
+            admin::api_router(admin_state),
+            "admin.api_listen",
+            server_shutdown.clone(),
+        );
         let gauges = tokio::spawn(refresh_gauges(
             store.clone(),
             metrics.clone(),
@@ -120,10 +118,12 @@ impl App {
             let _ = gauges.await;
             server_shutdown.cancel();
             let _ = server.await;
+            let _ = api_server.await;
         });
-        info!(admin = %admin_addr, "outbox-sidecar started");
+        info!(admin = %admin_addr, admin_api = %api_addr, "outbox-sidecar started");
         Ok(App {
             admin_addr,
+            api_addr,
             shutdown,
             metrics,
             store,
@@ -131,8 +131,14 @@ impl App {
         })
     }
 
+    /// Where `/metrics`, `/livez` and `/readyz` answer (`admin.listen`).
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin_addr
+    }
+
+    /// Where the admin API `/admin/*` answers (`admin.api_listen`).
+    pub fn api_addr(&self) -> SocketAddr {
+        self.api_addr
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -160,6 +166,32 @@ impl App {
     }
 }
 
+async fn bind(
+    key: &'static str,
+    addr: SocketAddr,
+) -> Result<(tokio::net::TcpListener, SocketAddr), AppError> {
+    let error = |source| AppError::Listen { key, addr, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(error)?;
+    let local = listener.local_addr().map_err(error)?;
+    Ok((listener, local))
+}
+
+fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    key: &'static str,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+        {
+            error!(error = %e, listener = key, "HTTP server stopped");
+        }
+    })
+}
+
 /// Reads the table's counts for the gauges: now, then every `interval`.
 async fn refresh_gauges(
     store: Store,
@@ -174,8 +206,14 @@ async fn refresh_gauges(
             _ = tick.tick() => {}
         }
         match store.stats().await {
-            Ok(stats) => metrics.set_table_stats(&stats, crate::store::now()),
-            Err(e) => warn!(error = %e, "cannot refresh the table gauges"),
+            Ok(stats) => {
+                metrics.set_table_stats(&stats, crate::store::now());
+                metrics.database_up.set(1);
+            }
+            Err(e) => {
+                metrics.database_up.set(0);
+                warn!(error = %e, "cannot refresh the table gauges");
+            }
         }
     }
 }

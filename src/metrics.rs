@@ -31,6 +31,10 @@ pub struct Metrics {
     pub job_panics_total: prometheus::IntCounter,
     pub status_writes_given_up_total: IntCounterVec,
     pub consumer_errors_total: IntCounterVec,
+    /// What `/readyz` answers, for clusters that do not probe it (the
+    /// shipped Deployment): set on every scrape.
+    pub ready: IntGauge,
+    pub database_up: IntGauge,
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -168,6 +172,17 @@ impl Metrics {
         reg(Box::new(cdc_rows_visible_late_total.clone()));
         reg(Box::new(row_reads_failed_total.clone()));
         reg(Box::new(job_panics_total.clone()));
+        let ready = must(IntGauge::new(
+            "outbox_ready",
+            "1 when the consumer holds its group assignment (an empty one counts) and the \
+             database answered its last check: what /readyz answers",
+        ));
+        let database_up = must(IntGauge::new(
+            "outbox_database_up",
+            "1 when the last read of the table gauges reached the database",
+        ));
+        reg(Box::new(ready.clone()));
+        reg(Box::new(database_up.clone()));
         reg(Box::new(events_failed.clone()));
         reg(Box::new(events_pending.clone()));
         reg(Box::new(oldest_pending_age.clone()));
@@ -210,6 +225,8 @@ impl Metrics {
             job_panics_total,
             status_writes_given_up_total,
             consumer_errors_total,
+            ready,
+            database_up,
         }
     }
 

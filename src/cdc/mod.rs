@@ -21,6 +21,11 @@
 //!   partitions (and compacts) by.
 //! - A flattened row without `__op` is reported as [`Op::Update`]: the
 //!   transform dropped the information, and the job only needs the row.
+//! - A row is malformed only for what the sidecar needs of it: the id (key
+//!   or row), the table and the op. A `c`/`r`/`u` row with an unknown,
+//!   missing or mistyped `status`, `attempts` or `updated_at` is still a
+//!   trigger (those fields become `None`): the job reads the row, and the
+//!   database decides. Only a readable `sent` or `failed` skips it.
 //! - `op` `m` (a logical decoding message), schema-change events and objects
 //!   with nothing recognisable are [`Skip::NoRow`]; `c`/`r`/`u` without an
 //!   `after` row is malformed, because Debezium never emits one.
@@ -84,13 +89,15 @@ impl Decision {
     }
 }
 
-/// A `pending` row as the event saw it: the job must still read the row.
+/// A `pending` row as the event saw it (or a row whose status the event
+/// did not say readably): the job must still read the row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trigger {
     pub id: i64,
     pub op: Op,
-    pub attempts: i32,
-    /// In UTC; `None` when the event did not carry it.
+    /// `None` when the event did not carry a readable int32.
+    pub attempts: Option<i32>,
+    /// In UTC; `None` when the event did not carry a readable timestamp.
     pub updated_at: Option<chrono::NaiveDateTime>,
 }
 
@@ -442,6 +449,10 @@ fn lenient_id(row: &Row<'_>) -> Option<i64> {
     row.id.as_ref().and_then(|id| integer(id).ok())
 }
 
+/// Only the id is required of a row: what else it says (status, attempts,
+/// `updated_at`) only saves the job a read or tells it when to wake, and
+/// the job reads the row anyway. A row whose other fields cannot be read is
+/// a trigger; only a readable terminal status skips it.
 fn decide_row(row: &Row<'_>, op: Op, key: &Key, path: Path) -> Decided {
     let row_id = match &row.id {
         None | Some(Scalar::Null) => return Err(fault(path.of("id"), "missing")),
@@ -450,51 +461,31 @@ fn decide_row(row: &Row<'_>, op: Op, key: &Key, path: Path) -> Decided {
     let id = key.id.unwrap_or(row_id);
 
     let status = match &row.status {
-        None | Some(Scalar::Null) => return Err(fault(path.of("status"), "missing")),
-        Some(Scalar::Str(s)) => s.parse::<Status>().map_err(|_| {
-            fault(
-                path.of("status"),
-                format!("unknown status {s:?}; expected pending, sent or failed"),
-            )
-        })?,
-        Some(other) => {
-            return Err(fault(
-                path.of("status"),
-                format!("expected a string, found {}", other.kind()),
-            ))
-        }
+        Some(Scalar::Str(s)) => s.parse::<Status>().ok(),
+        _ => None,
     };
+    if let Some(status @ (Status::Sent | Status::Failed)) = status {
+        return skip(Skip::Terminal { id, status });
+    }
 
-    let attempts = match &row.attempts {
-        None | Some(Scalar::Null) => return Err(fault(path.of("attempts"), "missing")),
-        Some(attempts) => integer(attempts)
-            .and_then(|n| i32::try_from(n).map_err(|_| format!("{n} is out of range for int32")))
-            .map_err(|m| fault(path.of("attempts"), m))?,
-    };
+    let attempts = row
+        .attempts
+        .as_ref()
+        .and_then(|n| integer(n).ok())
+        .and_then(|n| i32::try_from(n).ok());
 
     let updated_at = match &row.updated_at {
-        None | Some(Scalar::Null) => None,
-        Some(Scalar::Str(s)) if s == UNAVAILABLE_VALUE => None,
-        Some(Scalar::Str(s)) => Some(time::from_text(s)),
-        Some(Scalar::Int(n)) => Some(time::from_epoch(*n)),
-        Some(Scalar::UInt(n)) => Some(Err(format!("epoch value {n} is out of range"))),
-        Some(other) => Some(Err(format!(
-            "expected epoch micro/milli/nanoseconds or an ISO-8601 string, found {}",
-            describe(other)
-        ))),
-    }
-    .transpose()
-    .map_err(|m| fault(path.of("updated_at"), m))?;
+        Some(Scalar::Str(s)) if s != UNAVAILABLE_VALUE => time::from_text(s).ok(),
+        Some(Scalar::Int(n)) => time::from_epoch(*n).ok(),
+        _ => None,
+    };
 
-    Ok(match status {
-        Status::Pending => Decision::Trigger(Trigger {
-            id,
-            op,
-            attempts,
-            updated_at,
-        }),
-        status => Decision::Skip(Skip::Terminal { id, status }),
-    })
+    Ok(Decision::Trigger(Trigger {
+        id,
+        op,
+        attempts,
+        updated_at,
+    }))
 }
 
 /// An exact JSON integer in i64; never via a float, so ids above 2^53 survive.

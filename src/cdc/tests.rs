@@ -73,7 +73,7 @@ enum Expect {
     Trigger {
         id: i64,
         op: String,
-        attempts: i32,
+        attempts: Option<i32>,
         updated_at: Option<String>,
     },
     Skip {
@@ -154,7 +154,9 @@ fn check(name: &str, fixture: &Fixture, decision: &Decision) -> Result<(), Strin
                 || t.attempts != *attempts
                 || t.updated_at != want_at
             {
-                return fail(format!("expected trigger {id} {op} {attempts} {want_at:?}"));
+                return fail(format!(
+                    "expected trigger {id} {op} {attempts:?} {want_at:?}"
+                ));
             }
         }
         (
@@ -227,15 +229,18 @@ fn every_fixture_decodes_as_expected() {
 fn invalid_record_names_its_coordinates() {
     let decision = decode(
         None,
-        Some(&envelope("c", r#"{"id":1,"status":"queued","attempts":0}"#)),
+        Some(&envelope(
+            "c",
+            r#"{"id":"one","status":"pending","attempts":0}"#,
+        )),
     );
     let Decision::Invalid(invalid) = decision else {
         panic!("expected invalid, got {decision:?}");
     };
     assert_eq!(
         invalid.to_string(),
-        "invalid change event at outbox.public.outbox_events/3@1234: after.status: \
-         unknown status \"queued\"; expected pending, sent or failed"
+        "invalid change event at outbox.public.outbox_events/3@1234: after.id: \
+         expected an integer, found the string \"one\""
     );
 }
 
@@ -365,15 +370,77 @@ fn envelope_errors_name_the_field() {
         invalid_field(&decode(None, Some(&envelope("c", &float_id)))),
         "after.id"
     );
-    let attempts = ROW.replace("\"attempts\":0", "\"attempts\":2147483648");
+}
+
+/// Issue 16 item 7: what the sidecar does not use never loses a pending
+/// row. The job reads the row; the database decides.
+#[test]
+fn unreadable_fields_besides_id_table_and_op_still_trigger() {
+    let trigger = |row: &str| match decode(None, Some(&envelope("u", row))) {
+        Decision::Trigger(t) => t,
+        other => panic!("{row}: expected a trigger, got {other:?}"),
+    };
+    for (from, to) in [
+        (
+            "\"updated_at\":1796009787123456",
+            "\"updated_at\":\"yesterday\"",
+        ),
+        ("\"updated_at\":1796009787123456", "\"updated_at\":[1]"),
+        ("\"updated_at\":1796009787123456", "\"updated_at\":1.5"),
+        (
+            "\"updated_at\":1796009787123456",
+            "\"updated_at\":18446744073709551615",
+        ),
+    ] {
+        let t = trigger(&ROW.replace(from, to));
+        assert_eq!(
+            (t.id, t.attempts, t.updated_at),
+            (42, Some(0), None),
+            "{to}"
+        );
+    }
+    let when = Some(at("2026-11-30T03:36:27.123456"));
+    for (from, to) in [
+        (",\"attempts\":0", ""),
+        ("\"attempts\":0", "\"attempts\":null"),
+        ("\"attempts\":0", "\"attempts\":\"3\""),
+        ("\"attempts\":0", "\"attempts\":2147483648"),
+    ] {
+        let t = trigger(&ROW.replace(from, to));
+        assert_eq!((t.id, t.attempts, t.updated_at), (42, None, when), "{to}");
+    }
+    // A status the decoder cannot read: the row decides whether it is pending.
+    for (from, to) in [
+        (",\"status\":\"pending\"", ""),
+        ("\"status\":\"pending\"", "\"status\":null"),
+        ("\"status\":\"pending\"", "\"status\":\"queued\""),
+        ("\"status\":\"pending\"", "\"status\":0"),
+    ] {
+        assert_eq!(trigger(&ROW.replace(from, to)).id, 42, "{to}");
+    }
+    // Flattened rows too, and everything unreadable at once.
+    let flat = r#"{"id":7,"status":1,"attempts":"x","updated_at":"never","__op":"c"}"#;
     assert_eq!(
-        invalid_field(&decode(None, Some(&envelope("c", &attempts)))),
-        "after.attempts"
+        decode(None, Some(flat)),
+        Decision::Trigger(Trigger {
+            id: 7,
+            op: Op::Create,
+            attempts: None,
+            updated_at: None,
+        })
     );
-    let status = ROW.replace("\"status\":\"pending\"", "\"status\":null");
+    // Only a readable terminal status skips; the id is still required.
+    let sent = ROW
+        .replace("\"pending\"", "\"sent\"")
+        .replace("\"attempts\":0", "\"attempts\":\"x\"");
     assert_eq!(
-        invalid_field(&decode(None, Some(&envelope("c", &status)))),
-        "after.status"
+        decode(None, Some(&envelope("u", &sent))).result_label(),
+        "skipped"
+    );
+    let no_id = ROW.replace("\"id\":42,", "");
+    assert_eq!(
+        invalid_field(&decode(None, Some(&envelope("u", &no_id)))),
+        "after.id"
     );
 }
 

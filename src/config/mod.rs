@@ -5,11 +5,12 @@
 //! expects, and secrets ([`Secret`], the database password, sensitive
 //! librdkafka properties) are replaced by `***` wherever settings are printed.
 
+mod files;
 mod secret;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,6 +23,12 @@ pub use secret::{DatabaseUrl, Secret, REDACTED};
 pub const CONFIG_ENV: &str = "OUTBOX_CONFIG";
 /// The prefix of the environment variables that override the file.
 pub const ENV_PREFIX: &str = "OUTBOX";
+/// The shortest `admin.token` accepted (`openssl rand -hex 32` gives 64).
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 24;
+/// The placeholders of `config/example.toml` and
+/// `deploy/kubernetes/secret.example.yaml`: refused as tokens, whatever
+/// their length, so a copied example never opens the admin API.
+pub const ADMIN_TOKEN_PLACEHOLDERS: &[&str] = &["change-me-use-openssl-rand-hex-32", "CHANGE_ME"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -80,9 +87,12 @@ pub struct Settings {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
-    /// `postgres://…`, `mysql://…` or `sqlite:…`; required.
+    /// `postgres://…`, `mysql://…` or `sqlite:…`; required (or `url_file`).
     #[serde(default)]
     pub url: Option<DatabaseUrl>,
+    /// A file holding `url` (a mounted Secret), read at start-up.
+    #[serde(default)]
+    pub url_file: Option<PathBuf>,
     #[serde(default = "default_table")]
     pub table: String,
     #[serde(default = "default_max_connections")]
@@ -95,6 +105,7 @@ impl Default for DatabaseSettings {
     fn default() -> Self {
         Self {
             url: None,
+            url_file: None,
             table: default_table(),
             max_connections: default_max_connections(),
             connect_timeout: default_connect_timeout(),
@@ -189,23 +200,36 @@ pub struct DispatcherSettings {
     pub timeout: Duration,
     #[serde(default)]
     pub headers: BTreeMap<String, Secret>,
+    /// Header name → a file holding its value (a mounted Secret), read at
+    /// start-up into `headers`.
+    #[serde(default)]
+    pub header_files: BTreeMap<String, PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminSettings {
+    /// `/metrics`, `/livez`, `/readyz`.
     #[serde(default = "default_admin_listen")]
     pub listen: String,
+    /// `/admin/*`: loopback unless an operator exposes it.
+    #[serde(default = "default_admin_api_listen")]
+    pub api_listen: String,
     /// With no token the admin routes answer 403: never open.
     #[serde(default)]
     pub token: Option<Secret>,
+    /// A file holding `token` (a mounted Secret), read at start-up.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for AdminSettings {
     fn default() -> Self {
         Self {
             listen: default_admin_listen(),
+            api_listen: default_admin_api_listen(),
             token: None,
+            token_file: None,
         }
     }
 }
@@ -293,6 +317,9 @@ fn default_dispatch_timeout() -> Duration {
 fn default_admin_listen() -> String {
     "0.0.0.0:9464".to_owned()
 }
+fn default_admin_api_listen() -> String {
+    "127.0.0.1:9465".to_owned()
+}
 fn default_refresh_interval() -> Duration {
     Duration::from_secs(15)
 }
@@ -343,23 +370,98 @@ impl Settings {
         toml: Option<&str>,
         env: BTreeMap<String, String>,
     ) -> Result<Self, ConfigError> {
+        let (env, env_headers) = header_names_from_env(env);
         let mut builder = config::Config::builder();
         if let Some(text) = toml {
             builder = builder.add_source(config::File::from_str(text, config::FileFormat::Toml));
         }
+        // No `try_parsing`: it turned `00123456` into `123456` and `TRUE`
+        // into `true` before any field saw them. Every value stays a string;
+        // number and duration fields parse it themselves.
         let env = config::Environment::with_prefix(ENV_PREFIX)
             .separator("__")
-            .try_parsing(true)
             .source(Some(env.into_iter().collect()));
         let merged = builder
             .add_source(env)
             .build()
             .map_err(|e| ConfigError::Invalid(describe(e)))?;
-        let settings: Settings = merged
+        let mut settings: Settings = merged
             .try_deserialize()
             .map_err(|e| ConfigError::Invalid(describe(e)))?;
+        settings.merge_headers(&env_headers)?;
+        settings.read_secret_files()?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// Header names are case-insensitive, and the environment gives them in
+    /// lower case: a name set both in the file and in the environment is
+    /// the environment's (it overrides the file), a name set twice
+    /// otherwise is refused.
+    fn merge_headers(&mut self, from_env: &BTreeSet<String>) -> Result<(), ConfigError> {
+        fn merge<V>(
+            prefix: &str,
+            map: BTreeMap<String, V>,
+            from_env: &BTreeSet<String>,
+        ) -> Result<BTreeMap<String, V>, ConfigError> {
+            let mut out: BTreeMap<String, V> = BTreeMap::new();
+            for (name, value) in map {
+                let key = format!("{prefix}.{name}");
+                let Some(other) = out.keys().find(|o| o.eq_ignore_ascii_case(&name)).cloned()
+                else {
+                    out.insert(name, value);
+                    continue;
+                };
+                if from_env.contains(&key) {
+                    out.remove(&other);
+                    out.insert(name, value);
+                } else if !from_env.contains(&format!("{prefix}.{other}")) {
+                    return Err(ConfigError::key(
+                        key,
+                        format!("{other:?} is set too; header names are case-insensitive"),
+                    ));
+                }
+            }
+            Ok(out)
+        }
+        for (name, d) in &mut self.dispatchers {
+            let headers = std::mem::take(&mut d.headers);
+            d.headers = merge(&format!("dispatchers.{name}.headers"), headers, from_env)?;
+            let files = std::mem::take(&mut d.header_files);
+            d.header_files = merge(&format!("dispatchers.{name}.header_files"), files, from_env)?;
+        }
+        Ok(())
+    }
+
+    /// `*_file` settings: each file's content becomes its setting's value.
+    fn read_secret_files(&mut self) -> Result<(), ConfigError> {
+        if let Some(path) = &self.database.url_file {
+            if self.database.url.is_some() {
+                return Err(files::both_set("database.url", "database.url_file"));
+            }
+            let url = files::read_secret("database.url_file", path)?;
+            self.database.url = Some(DatabaseUrl::new(url));
+        }
+        if let Some(path) = &self.admin.token_file {
+            if self.admin.token.is_some() {
+                return Err(files::both_set("admin.token", "admin.token_file"));
+            }
+            self.admin.token = Some(Secret::new(files::read_secret("admin.token_file", path)?));
+        }
+        for (name, d) in &mut self.dispatchers {
+            for (header, path) in &d.header_files {
+                let key = format!("dispatchers.{name}.header_files.{header}");
+                if let Some(set) = d.headers.keys().find(|h| h.eq_ignore_ascii_case(header)) {
+                    return Err(files::both_set(
+                        &format!("dispatchers.{name}.headers.{set}"),
+                        &key,
+                    ));
+                }
+                let value = files::read_secret(&key, path)?;
+                d.headers.insert(header.clone(), Secret::new(value));
+            }
+        }
+        Ok(())
     }
 
     /// Checks that hold for every command (the database part).
@@ -398,7 +500,17 @@ impl Settings {
                 "must be at least 1",
             ));
         }
-        self.admin_listen()?;
+        let listen = self.admin_listen()?;
+        let api_listen = self.admin_api_listen()?;
+        if listen == api_listen && listen.port() != 0 {
+            return Err(ConfigError::key(
+                "admin.api_listen",
+                format!("{api_listen} is admin.listen's address too; the admin API needs its own"),
+            ));
+        }
+        if let Some(token) = &self.admin.token {
+            check_admin_token(token.expose())?;
+        }
         let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
         for (name, d) in &self.dispatchers {
             let key = |k: &str| format!("dispatchers.{name}.{k}");
@@ -507,6 +619,18 @@ impl Settings {
         })
     }
 
+    pub fn admin_api_listen(&self) -> Result<SocketAddr, ConfigError> {
+        self.admin.api_listen.parse().map_err(|_| {
+            ConfigError::key(
+                "admin.api_listen",
+                format!(
+                    "{:?} is not an address like \"127.0.0.1:9465\"",
+                    self.admin.api_listen
+                ),
+            )
+        })
+    }
+
     pub fn database_url(&self) -> &str {
         self.database.url.as_ref().map(|u| u.expose()).unwrap_or("")
     }
@@ -515,6 +639,70 @@ impl Settings {
     pub fn redacted_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot print settings: {e}\n"))
     }
+}
+
+/// An empty token disables the admin API (as no token does); any other
+/// must be long enough not to be guessed and must not be an example's
+/// placeholder. The message never quotes the token.
+fn check_admin_token(token: &str) -> Result<(), ConfigError> {
+    if token.is_empty() {
+        return Ok(());
+    }
+    if ADMIN_TOKEN_PLACEHOLDERS
+        .iter()
+        .any(|p| p.eq_ignore_ascii_case(token.trim()))
+    {
+        return Err(ConfigError::key(
+            "admin.token",
+            "is the example's placeholder; set a random token, e.g. `openssl rand -hex 32`",
+        ));
+    }
+    let chars = token.chars().count();
+    if chars < MIN_ADMIN_TOKEN_CHARS {
+        return Err(ConfigError::key(
+            "admin.token",
+            format!(
+                "is {chars} characters long, fewer than {MIN_ADMIN_TOKEN_CHARS}; set a random \
+                 token, e.g. `openssl rand -hex 32`"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Environment variables cannot hold a dash in most shells, so in a
+/// dispatcher's header name (`OUTBOX__DISPATCHERS__NAME__HEADERS__X_API_KEY`,
+/// also `HEADER_FILES`) an underscore stands for a dash: `x-api-key`. Also
+/// returns the keys so set (`dispatchers.name.headers.x-api-key`).
+fn header_names_from_env(
+    env: BTreeMap<String, String>,
+) -> (BTreeMap<String, String>, BTreeSet<String>) {
+    let mut keys = BTreeSet::new();
+    let env = env
+        .into_iter()
+        .map(|(var, value)| {
+            let parts: Vec<&str> = var.split("__").collect();
+            match parts.as_slice() {
+                [prefix, dispatchers, name, table, header]
+                    if prefix.eq_ignore_ascii_case(ENV_PREFIX)
+                        && dispatchers.eq_ignore_ascii_case("dispatchers")
+                        && (table.eq_ignore_ascii_case("headers")
+                            || table.eq_ignore_ascii_case("header_files")) =>
+                {
+                    let header = header.replace('_', "-");
+                    keys.insert(
+                        format!("dispatchers.{name}.{table}.{header}").to_ascii_lowercase(),
+                    );
+                    (
+                        format!("{prefix}__{dispatchers}__{name}__{table}__{header}"),
+                        value,
+                    )
+                }
+                _ => (var, value),
+            }
+        })
+        .collect();
+    (env, keys)
 }
 
 fn string_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -571,8 +759,16 @@ pub mod duration {
         }
     }
 
+    /// A bare integer (as an environment variable gives it) is seconds,
+    /// like an integer in the TOML file.
     pub fn parse(s: &str) -> Result<Duration, String> {
-        humantime::parse_duration(s.trim())
+        let t = s.trim();
+        if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+            if let Ok(seconds) = t.parse::<u64>() {
+                return Ok(Duration::from_secs(seconds));
+            }
+        }
+        humantime::parse_duration(t)
             .map_err(|_| format!("{s:?} is not a duration (expected e.g. \"5s\" or \"200ms\")"))
     }
 

@@ -46,6 +46,7 @@ fn defaults_are_the_requirement() {
     assert_eq!(s.dispatch.max_attempts, 3);
     assert_eq!(s.dispatch.retry_delay, Duration::from_secs(5));
     assert_eq!(s.admin.listen, "0.0.0.0:9464");
+    assert_eq!(s.admin.api_listen, "127.0.0.1:9465");
     assert!(
         s.admin.token.is_none(),
         "no token by default: admin disabled"
@@ -92,7 +93,7 @@ fn bad_dispatcher_url_and_listen_address() {
 fn secrets_are_redacted_in_debug_and_toml() {
     let s = Settings::from_toml(
         Some(
-            "[database]\nurl = \"postgres://u:pw-1@h/db\"\n[admin]\ntoken = \"tok-2\"\n\
+            "[database]\nurl = \"postgres://u:pw-1@h/db\"\n[admin]\ntoken = \"tok-2-0123456789abcdef0123\"\n\
              [kafka.properties]\n\"sasl.password\" = \"sasl-3\"\n\"client.id\" = \"me\"\n\
              [dispatchers.a]\nurl = \"http://a\"\nevents = [\"x\"]\n[dispatchers.a.headers]\nAuthorization = \"Bearer hdr-4\"\n",
         ),
@@ -140,5 +141,275 @@ fn drain_timeout_must_stay_below_max_poll_interval() {
     assert_eq!(
         e.to_string(),
         "invalid configuration: kafka.properties.max_poll_interval_ms: \"ten\" is not a number of milliseconds"
+    );
+}
+
+#[test]
+fn short_or_placeholder_admin_tokens_are_refused_naming_the_key() {
+    let with_token = |token: &str| {
+        Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[admin]\ntoken = \"{token}\"\n"
+            )),
+            BTreeMap::new(),
+        )
+    };
+    let e = with_token("23-characters-long-abcd").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: admin.token: is 23 characters long, fewer than 24; set a \
+         random token, e.g. `openssl rand -hex 32`"
+    );
+    for placeholder in ADMIN_TOKEN_PLACEHOLDERS {
+        let e = with_token(placeholder).unwrap_err().to_string();
+        assert!(e.starts_with("invalid configuration: admin.token: "), "{e}");
+        assert!(
+            !e.contains(placeholder),
+            "the message quotes the token: {e}"
+        );
+    }
+    // The placeholder of config/example.toml is one of them.
+    let example = include_str!("../../config/example.toml");
+    assert!(
+        ADMIN_TOKEN_PLACEHOLDERS
+            .iter()
+            .any(|p| example.contains(&format!("token = \"{p}\""))),
+        "config/example.toml shows a placeholder the loader refuses"
+    );
+    // 24 characters (not bytes) are enough; empty disables the admin API.
+    assert!(with_token("24-characters-long-abcde").is_ok());
+    assert!(with_token("ééééééééééééééééééééééé€").is_ok());
+    assert!(with_token("").unwrap().admin.token.is_some());
+}
+
+#[test]
+fn the_admin_api_listens_apart_from_metrics_and_health() {
+    let with = |admin: &str| {
+        Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[admin]\n{admin}\n"
+            )),
+            BTreeMap::new(),
+        )
+    };
+    let s = with("").unwrap();
+    assert_eq!(
+        s.admin_api_listen().unwrap(),
+        "127.0.0.1:9465".parse().unwrap()
+    );
+    let s = with("api_listen = \"10.0.0.7:9500\"").unwrap();
+    assert_eq!(
+        s.admin_api_listen().unwrap(),
+        "10.0.0.7:9500".parse().unwrap()
+    );
+    assert_eq!(
+        with("api_listen = \"loopback\"").unwrap_err().to_string(),
+        "invalid configuration: admin.api_listen: \"loopback\" is not an address like \"127.0.0.1:9465\""
+    );
+    assert_eq!(
+        with("listen = \"0.0.0.0:9464\"\napi_listen = \"0.0.0.0:9464\"")
+            .unwrap_err()
+            .to_string(),
+        "invalid configuration: admin.api_listen: 0.0.0.0:9464 is admin.listen's address too; \
+         the admin API needs its own"
+    );
+    // Port 0 (tests) picks two different ports.
+    with("listen = \"127.0.0.1:0\"\napi_listen = \"127.0.0.1:0\"").unwrap();
+}
+
+/// Issue 16 item 10: an environment value is the string it was set to;
+/// only a field that is a number or a duration parses it, by its own rules.
+#[test]
+fn environment_values_are_never_coerced() {
+    let s = Settings::from_toml(
+        Some(
+            "[database]\nurl = \"sqlite::memory:\"\n\
+             [dispatchers.a]\nurl = \"http://a\"\nevents = [\"x\"]\n",
+        ),
+        env(&[
+            ("OUTBOX__ADMIN__TOKEN", "000000000000000000000123456"),
+            ("OUTBOX__DISPATCHERS__A__HEADERS__AUTHORIZATION", "12e34"),
+            ("OUTBOX__KAFKA__PROPERTIES__ENABLE_IDEMPOTENCE", "TRUE"),
+            ("OUTBOX__KAFKA__PROPERTIES__CLIENT_ID", "0700"),
+            ("OUTBOX__KAFKA__GROUP_ID", "1e3"),
+            ("OUTBOX__KAFKA__TOPIC", "007"),
+            ("OUTBOX__DISPATCH__MAX_IN_FLIGHT", "7"),
+            ("OUTBOX__DISPATCH__MAX_ATTEMPTS", "05"),
+            ("OUTBOX__DISPATCH__RETRY_DELAY", "2"),
+            ("OUTBOX__SHUTDOWN__DRAIN_TIMEOUT", "1500ms"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        s.admin.token.as_ref().map(Secret::expose),
+        Some("000000000000000000000123456")
+    );
+    assert_eq!(
+        s.dispatchers["a"].headers["authorization"].expose(),
+        "12e34"
+    );
+    assert_eq!(s.kafka.properties["enable_idempotence"], "TRUE");
+    assert_eq!(s.kafka.properties["client_id"], "0700");
+    assert_eq!(s.kafka.group_id, "1e3");
+    assert_eq!(s.kafka.topic, "007");
+    assert_eq!(s.dispatch.max_in_flight, 7);
+    assert_eq!(s.dispatch.max_attempts, 5);
+    assert_eq!(s.dispatch.retry_delay, Duration::from_secs(2));
+    assert_eq!(s.shutdown.drain_timeout, Duration::from_millis(1500));
+    // A number field still refuses what is not its number, naming the key.
+    let e = Settings::from_toml(
+        Some("[database]\nurl = \"sqlite::memory:\"\n"),
+        env(&[("OUTBOX__DISPATCH__MAX_IN_FLIGHT", "1e3")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("dispatch.max_in_flight"), "{e}");
+}
+
+const ONE_DISPATCHER: &str = "[dispatchers.a]\nurl = \"http://a\"\nevents = [\"x\"]\n";
+
+/// Issue 16 item 11: secrets from files, as Kubernetes mounts a Secret.
+#[test]
+fn secrets_are_read_from_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let url = write("database-url", "postgres://u:pw-9@h:5432/db\n");
+    let token = write("admin-token", "0123456789abcdef0123456789abcdef\r\n");
+    let auth = write("authorization", "Bearer hdr-file-1");
+    let key = write("api-key", "key-file-2\n");
+    let s = Settings::from_toml(
+        Some(&format!(
+            "[database]\nurl_file = \"{url}\"\n{ONE_DISPATCHER}\
+             [dispatchers.a.header_files]\nAuthorization = \"{auth}\"\n"
+        )),
+        env(&[
+            ("OUTBOX__ADMIN__TOKEN_FILE", token.as_str()),
+            (
+                "OUTBOX__DISPATCHERS__A__HEADER_FILES__X_API_KEY",
+                key.as_str(),
+            ),
+        ]),
+    )
+    .unwrap();
+    // One trailing line break is dropped, nothing else.
+    assert_eq!(s.database_url(), "postgres://u:pw-9@h:5432/db");
+    assert_eq!(
+        s.admin.token.as_ref().map(Secret::expose),
+        Some("0123456789abcdef0123456789abcdef")
+    );
+    let headers = &s.dispatchers["a"].headers;
+    assert_eq!(headers["Authorization"].expose(), "Bearer hdr-file-1");
+    assert_eq!(headers["x-api-key"].expose(), "key-file-2");
+    // The paths are printed, the contents are not.
+    let shown = format!("{s:?}\n{}", s.redacted_toml());
+    for secret in ["pw-9", "0123456789abcdef", "hdr-file-1", "key-file-2"] {
+        assert!(!shown.contains(secret), "{secret} shown:\n{shown}");
+    }
+    assert!(shown.contains(&auth), "{shown}");
+}
+
+#[test]
+fn secret_file_errors_name_the_key_and_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nothing-here");
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    let load = |toml: String, pairs: &[(&str, &str)]| {
+        Settings::from_toml(Some(&toml), env(pairs))
+            .unwrap_err()
+            .to_string()
+    };
+    let e = load(
+        format!("[database]\nurl_file = \"{}\"\n", missing.display()),
+        &[],
+    );
+    assert!(
+        e.starts_with(&format!(
+            "invalid configuration: database.url_file: cannot read {}: ",
+            missing.display()
+        )),
+        "{e}"
+    );
+    let e = load(
+        "[database]\nurl = \"sqlite::memory:\"\n".to_owned(),
+        &[("OUTBOX__ADMIN__TOKEN_FILE", empty.to_str().unwrap())],
+    );
+    assert_eq!(
+        e,
+        format!(
+            "invalid configuration: admin.token_file: {} is empty",
+            empty.display()
+        )
+    );
+    let e = load(
+        "[database]\nurl = \"sqlite::memory:\"\n".to_owned(),
+        &[("OUTBOX__DATABASE__URL_FILE", empty.to_str().unwrap())],
+    );
+    assert_eq!(
+        e,
+        "invalid configuration: database.url_file: set database.url or database.url_file, not both"
+    );
+    let e = load(
+        format!(
+            "[database]\nurl = \"sqlite::memory:\"\n{ONE_DISPATCHER}\
+             [dispatchers.a.headers]\nAuthorization = \"x\"\n"
+        ),
+        &[(
+            "OUTBOX__DISPATCHERS__A__HEADER_FILES__AUTHORIZATION",
+            missing.to_str().unwrap(),
+        )],
+    );
+    assert_eq!(
+        e,
+        "invalid configuration: dispatchers.a.header_files.authorization: set \
+         dispatchers.a.headers.Authorization or dispatchers.a.header_files.authorization, not both"
+    );
+}
+
+/// Issue 16 item 11: `X-Api-Key` from the environment, and the environment
+/// overriding the file's spelling of a header name.
+#[test]
+fn header_names_with_dashes_from_the_environment() {
+    let s = Settings::from_toml(
+        Some(&format!(
+            "[database]\nurl = \"sqlite::memory:\"\n{ONE_DISPATCHER}\
+             [dispatchers.a.headers]\nAuthorization = \"from-file\"\nX-Tenant = \"t1\"\n"
+        )),
+        env(&[
+            ("OUTBOX__DISPATCHERS__A__HEADERS__X_API_KEY", "k-1"),
+            ("OUTBOX__DISPATCHERS__A__HEADERS__AUTHORIZATION", "from-env"),
+        ]),
+    )
+    .unwrap();
+    let headers: BTreeMap<&str, &str> = s.dispatchers["a"]
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.expose()))
+        .collect();
+    assert_eq!(
+        headers,
+        BTreeMap::from([
+            ("X-Tenant", "t1"),
+            ("authorization", "from-env"),
+            ("x-api-key", "k-1"),
+        ])
+    );
+    // Twice in the file is a mistake, named.
+    let e = Settings::from_toml(
+        Some(&format!(
+            "[database]\nurl = \"sqlite::memory:\"\n{ONE_DISPATCHER}\
+             [dispatchers.a.headers]\nAuthorization = \"a\"\nauthorization = \"b\"\n"
+        )),
+        BTreeMap::new(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: dispatchers.a.headers.authorization: \"Authorization\" is set \
+         too; header names are case-insensitive"
     );
 }

@@ -80,7 +80,7 @@ pub struct Pos {
 /// moved on since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expect {
-    pub attempts: i32,
+    pub attempts: Option<i32>,
     pub updated_at: Option<NaiveDateTime>,
 }
 
@@ -101,7 +101,9 @@ impl Expect {
     pub fn is_newer_than(&self, row: &OutboxEventRow) -> bool {
         match self.updated_at {
             Some(at) => row.updated_at < at,
-            None => row.status == Status::Pending && row.attempts < self.attempts,
+            None => self
+                .attempts
+                .is_some_and(|a| row.status == Status::Pending && row.attempts < a),
         }
     }
 }

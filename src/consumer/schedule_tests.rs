@@ -29,7 +29,7 @@ fn trig(id: i64, attempts: i32, updated_ms: i64) -> Trigger {
     Trigger {
         id,
         op: Op::Create,
-        attempts,
+        attempts: Some(attempts),
         updated_at: Some(ts(updated_ms)),
     }
 }
@@ -203,7 +203,7 @@ fn a_row_older_than_its_event_is_read_again() {
     assert_eq!(h.s.take_starts(0).len(), 1);
     // Without updated_at, fewer attempts than the event's is older.
     let older = Expect {
-        attempts: 2,
+        attempts: Some(2),
         updated_at: None,
     };
     assert!(older.is_newer_than(&row(3, Status::Pending, 1, 0)));

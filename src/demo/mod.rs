@@ -26,7 +26,7 @@ use crate::config::Settings;
 use crate::store::Store;
 
 const TOPIC: &str = "demo.public.outbox_events";
-const TOKEN: &str = "demo-admin-token";
+const TOKEN: &str = "demo-admin-token-0123456789";
 
 /// The four events of the scenario and the rows of R-004 each exercises.
 struct Case {
@@ -184,6 +184,7 @@ timeout = "5s"
 Authorization = "Bearer demo-accounts-token"
 [admin]
 listen = "127.0.0.1:{port}"
+api_listen = "127.0.0.1:0"
 token = "{TOKEN}"
 [metrics]
 refresh_interval = "500ms"
@@ -202,8 +203,9 @@ drain_timeout = "5s"
         humantime::format_duration(args.retry_delay)
     );
     let app = App::start(settings).await?;
-    let admin = format!("http://{}", app.admin_addr());
-    println!("  sidecar: metrics at {admin}/metrics, admin API at {admin}/admin/events (Bearer {TOKEN})\n");
+    let metrics = format!("http://{}", app.admin_addr());
+    let admin = format!("http://{}", app.api_addr());
+    println!("  sidecar: metrics at {metrics}/metrics, admin API at {admin}/admin/events (Bearer {TOKEN})\n");
 
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &brokers)
@@ -221,8 +223,8 @@ drain_timeout = "5s"
     ));
 
     let http = reqwest::Client::new();
-    wait_ready(&http, &admin).await?;
-    let metrics_before = scrape(&http, &admin).await;
+    wait_ready(&http, &metrics).await?;
+    let metrics_before = scrape(&http, &metrics).await;
 
     let mut ids: Vec<(i64, &Case)> = Vec::new();
     for case in &CASES {
@@ -358,7 +360,7 @@ drain_timeout = "5s"
     let _ = case_of;
 
     tokio::time::sleep(Duration::from_millis(600)).await; // one gauge refresh
-    let metrics_after = scrape(&http, &admin).await;
+    let metrics_after = scrape(&http, &metrics).await;
     println!("\n{}", paint.bold("  metrics that changed"));
     for (series, after) in &metrics_after {
         let before = metrics_before.get(series).copied().unwrap_or(0.0);

@@ -171,3 +171,72 @@ fn missing_database_url_is_a_usage_error_naming_the_key() {
         "error: missing setting database.url: set it in the configuration file or as OUTBOX__DATABASE__URL\n"
     );
 }
+
+/// Issue 17 item 5: a guessable admin token stops start-up (exit 2), the
+/// message names the key and never the token.
+#[test]
+fn short_or_placeholder_admin_token_stops_start_up_naming_the_key() {
+    for token in ["short-token-123", "change-me-use-openssl-rand-hex-32"] {
+        let mut child = bin()
+            .args(["run"])
+            .env("OUTBOX__DATABASE__URL", "sqlite::memory:")
+            .env("OUTBOX__KAFKA__BROKERS", "127.0.0.1:9")
+            .env("OUTBOX__KAFKA__TOPIC", "t")
+            .env("OUTBOX__ADMIN__TOKEN", token)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A sidecar that accepted the token would run until stopped.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.and_then(|s| s.code()), Some(2), "{err}");
+        assert!(
+            err.starts_with("error: invalid configuration: admin.token: "),
+            "{err}"
+        );
+        assert!(!err.contains(token), "{err}");
+    }
+}
+
+/// Issue 16 item 11: a secret file that cannot be read stops every command
+/// with exit 2, naming the key and the path.
+#[test]
+fn an_unreadable_secret_file_is_a_usage_error_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("database-url");
+    let out = bin()
+        .env("OUTBOX__DATABASE__URL_FILE", &missing)
+        .arg("config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with(&format!(
+            "error: invalid configuration: database.url_file: cannot read {}: ",
+            missing.display()
+        )),
+        "{err}"
+    );
+    std::fs::write(&missing, "sqlite::memory:\n").unwrap();
+    let out = bin()
+        .env("OUTBOX__DATABASE__URL_FILE", &missing)
+        .arg("config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("url = \"sqlite::memory:\""));
+}

@@ -121,9 +121,58 @@ fn argv(c: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The `OUTBOX__…` variables a container gets; those from a Secret get a
-/// placeholder of the right form.
-fn outbox_env(c: &Value) -> BTreeMap<String, String> {
+/// A placeholder of the right form for the secret named `name`.
+fn placeholder_secret(name: &str) -> String {
+    if name.to_ascii_lowercase().contains("url") {
+        "postgres://outbox:placeholder@db.example:5432/app".to_owned()
+    } else {
+        // Long enough for admin.token's minimum.
+        "placeholder-for-a-secret-0123456789".to_owned()
+    }
+}
+
+/// Whether a variable names a file the sidecar reads a secret from.
+fn is_file_variable(name: &str) -> bool {
+    name.ends_with("_FILE") || name.contains("__HEADER_FILES__")
+}
+
+/// The (Secret name, key) whose file `path` is in container `c` of `pod`:
+/// a `secret` volume mounted at a prefix of `path`.
+fn mounted_secret_key(pod: &Value, c: &Value, path: &str) -> Option<(String, String)> {
+    seq(&c["volumeMounts"]).iter().find_map(|m| {
+        let mount = str_of(&m["mountPath"], "mountPath");
+        let rest = Path::new(path)
+            .strip_prefix(mount)
+            .ok()?
+            .to_str()?
+            .to_owned();
+        let volume = seq(&pod["volumes"])
+            .iter()
+            .find(|v| v["name"] == m["name"] && v["secret"].is_mapping())?;
+        let secret = str_of(&volume["secret"]["secretName"], "secretName").to_owned();
+        let key = match volume["secret"]["items"].as_sequence() {
+            Some(items) => items
+                .iter()
+                .find(|i| i["path"].as_str() == Some(rest.as_str()))
+                .map(|i| str_of(&i["key"], "items[].key").to_owned())?,
+            None => rest,
+        };
+        Some((secret, key))
+    })
+}
+
+/// The `OUTBOX__…` variables a container of `pod` gets. Those from a Secret
+/// get a placeholder of the right form; a `…_FILE` variable naming a file
+/// of a mounted Secret gets a file holding such a placeholder, so the
+/// sidecar's loader reads it as it would in the pod.
+fn outbox_env(pod: &Value, c: &Value) -> BTreeMap<String, String> {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "outbox-deploy-{}-{}",
+        std::process::id(),
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("a directory for the Secret's files");
     seq(&c["env"])
         .iter()
         .filter_map(|e| {
@@ -132,11 +181,16 @@ fn outbox_env(c: &Value) -> BTreeMap<String, String> {
                 return None;
             }
             let value = match e["value"].as_str() {
-                Some(v) => v.to_owned(),
-                None if name.ends_with("URL") => {
-                    "postgres://outbox:placeholder@db.example:5432/app".to_owned()
+                Some(path) if is_file_variable(name) => {
+                    let (_, key) = mounted_secret_key(pod, c, path).unwrap_or_else(|| {
+                        panic!("{name}={path} is not a file of a mounted Secret")
+                    });
+                    let file = dir.join(&key);
+                    std::fs::write(&file, placeholder_secret(&key)).expect("write a secret file");
+                    file.display().to_string()
                 }
-                None => "placeholder".to_owned(),
+                Some(v) => v.to_owned(),
+                None => placeholder_secret(name),
             };
             Some((name.to_owned(), value))
         })
@@ -152,7 +206,7 @@ fn configmap_toml() -> String {
 /// and the container's environment, through the sidecar's own loader.
 fn deployed_settings() -> Settings {
     let pod = deployment_pod();
-    let env = outbox_env(container(&pod, SIDECAR));
+    let env = outbox_env(&pod, container(&pod, SIDECAR));
     Settings::from_toml(Some(&configmap_toml()), env)
         .unwrap_or_else(|e| panic!("the ConfigMap with the Deployment's env: {e}"))
 }
@@ -359,7 +413,7 @@ fn pods_run_the_cli_commands_with_the_configmap_as_their_file() {
         {
             assert_eq!(Path::new(str_of(&e["value"], "OUTBOX_CONFIG")), file);
         }
-        Settings::from_toml(Some(&configmap_toml()), outbox_env(c))
+        Settings::from_toml(Some(&configmap_toml()), outbox_env(pod, c))
             .unwrap_or_else(|e| panic!("`{}` would refuse its configuration: {e}", argv.join(" ")));
     }
 
@@ -422,14 +476,11 @@ fn ports_probes_service_and_servicemonitor_match_the_admin_defaults() {
 
     let pod = deployment_pod();
     let c = container(&pod, SIDECAR);
-    for probe in ["livenessProbe", "readinessProbe"] {
-        let get = &c[probe]["httpGet"];
-        assert_eq!(resolve_port(c, &get["port"]), default_port, "{probe} port");
-        assert!(str_of(&get["path"], "probe path").starts_with('/'));
-    }
-    assert_ne!(
-        c["livenessProbe"]["httpGet"]["path"], c["readinessProbe"]["httpGet"]["path"],
-        "liveness must not depend on Kafka or the database"
+    let get = &c["livenessProbe"]["httpGet"];
+    assert_eq!(
+        resolve_port(c, &get["port"]),
+        default_port,
+        "livenessProbe port"
     );
 
     let labels = &manifest("Deployment")["spec"]["template"]["metadata"]["labels"];
@@ -440,6 +491,21 @@ fn ports_probes_service_and_servicemonitor_match_the_admin_defaults() {
     );
     let ports = seq(&service["spec"]["ports"]);
     assert_eq!(ports.len(), 1);
+    // Issue 17 item 4: the admin API stays inside the pod by default.
+    let api = deployed_settings()
+        .admin_api_listen()
+        .expect("admin.api_listen");
+    assert!(
+        api.ip().is_loopback(),
+        "the ConfigMap exposes the admin API on {api}"
+    );
+    assert_ne!(api.port(), default_port);
+    assert!(
+        !seq(&c["ports"])
+            .iter()
+            .any(|p| p["containerPort"].as_u64() == Some(u64::from(api.port()))),
+        "the sidecar container declares the admin API's port"
+    );
     let sport = &ports[0];
     assert_eq!(
         resolve_port(c, &sport["targetPort"]),
@@ -485,6 +551,44 @@ fn ports_probes_service_and_servicemonitor_match_the_admin_defaults() {
             .lines()
             .any(|l| l.trim() == format!("EXPOSE {default_port}")),
         "Dockerfile EXPOSE"
+    );
+}
+
+/// Issue 17 item 1: a native sidecar's readiness counts toward the pod's,
+/// so the shipped default must not let a Kafka outage or a slow group join
+/// take the application out of its Service. Liveness stays (a wedged
+/// sidecar is restarted); the sidecar's own readiness is a metric and an alert.
+#[test]
+fn the_shipped_sidecar_does_not_gate_the_pods_readiness() {
+    let pod = deployment_pod();
+    let c = container(&pod, SIDECAR);
+    for probe in ["readinessProbe", "startupProbe"] {
+        assert!(
+            c[probe].is_null(),
+            "the sidecar has a {probe}: Kafka or the database would decide whether the \
+             application's pods receive traffic"
+        );
+    }
+    assert_eq!(
+        c["livenessProbe"]["httpGet"]["path"].as_str(),
+        Some("/livez"),
+        "liveness (which depends on neither Kafka nor the database) stays"
+    );
+    let rule = manifest("PrometheusRule");
+    let alert = seq(&rule["spec"]["groups"])
+        .iter()
+        .flat_map(|g| seq(&g["rules"]))
+        .find(|r| metric_names(str_of(&r["expr"], "expr")).contains("outbox_ready"))
+        .expect("an alert on outbox_ready stands in for the readiness probe");
+    assert!(
+        alert["for"].is_string(),
+        "the readiness alert needs a `for:` so a rollout's group join does not page"
+    );
+    // The coupled variant stays available, documented.
+    let readme = read("deploy/README.md");
+    assert!(
+        readme.contains("readinessProbe:") && readme.contains("path: /readyz"),
+        "deploy/README.md documents the coupled readinessProbe as an option"
     );
 }
 
@@ -585,6 +689,84 @@ fn secret_example_has_every_key_the_pods_reference() {
             );
         }
     }
+    for pod in [&deployment, &job] {
+        for v in seq(&pod["volumes"]) {
+            let Some(items) = v["secret"]["items"].as_sequence() else {
+                continue;
+            };
+            assert_eq!(&v["secret"]["secretName"], name, "{:?}", v["name"]);
+            for i in items {
+                assert!(
+                    keys.contains_key(&i["key"]),
+                    "the Secret example lacks {:?}",
+                    i["key"]
+                );
+            }
+        }
+    }
+}
+
+/// Issue 16 item 11: the pods read their secrets from the files of the
+/// mounted Secret (`*_file` settings), not from variables; the migration
+/// Job gets only the database URL.
+#[test]
+fn secrets_reach_the_pods_as_files_of_the_mounted_secret() {
+    let secret_name = str_of(&manifest("Secret")["metadata"]["name"], "name").to_owned();
+    let deployment = deployment_pod();
+    let job = job_pod();
+    for (pod, c, want) in [
+        (
+            &deployment,
+            container(&deployment, SIDECAR),
+            &["database-url", "admin-token", "accounts-authorization"][..],
+        ),
+        (&job, job_container(&job), &["database-url"][..]),
+    ] {
+        let mut keys = Vec::new();
+        for e in seq(&c["env"]) {
+            let name = str_of(&e["name"], "env name");
+            assert!(
+                e["valueFrom"]["secretKeyRef"].is_null(),
+                "{name} takes a secret as a variable; mount it and name the file with a *_FILE setting"
+            );
+            if is_file_variable(name) {
+                let path = str_of(&e["value"], "a *_FILE variable's value");
+                let (secret, key) = mounted_secret_key(pod, c, path)
+                    .unwrap_or_else(|| panic!("{name}={path} is not a file of a mounted Secret"));
+                assert_eq!(secret, secret_name, "{name}");
+                keys.push(key);
+            }
+        }
+        keys.sort();
+        let mut want = want.to_vec();
+        want.sort();
+        assert_eq!(keys, want, "the secrets container {:?} reads", c["name"]);
+    }
+    // What they carry reaches the settings.
+    let settings = deployed_settings();
+    assert!(settings.database.url.is_some());
+    assert!(settings.admin.token.is_some());
+    assert!(settings.dispatchers["accounts"]
+        .headers
+        .keys()
+        .any(|h| h.eq_ignore_ascii_case("authorization")));
+}
+
+#[test]
+fn the_secret_examples_admin_token_placeholder_is_refused() {
+    let secret = manifest("Secret");
+    let placeholder = str_of(&secret["stringData"]["admin-token"], "admin-token");
+    let pod = deployment_pod();
+    let env = outbox_env(&pod, container(&pod, SIDECAR));
+    for (name, value) in &env {
+        if name.starts_with("OUTBOX__ADMIN__TOKEN") {
+            std::fs::write(value.as_str(), placeholder).expect("the admin-token file");
+        }
+    }
+    let e = Settings::from_toml(Some(&configmap_toml()), env)
+        .expect_err("the example Secret's admin-token is accepted")
+        .to_string();
+    assert!(e.contains("admin.token"), "{e}");
 }
 
 // ---------------------------------------------------------------- Debezium
@@ -808,13 +990,17 @@ async fn alerts_and_dashboard_use_only_metrics_the_sidecar_exports() {
         );
     }
 
-    // The probes answer where the Deployment sends them.
+    // The probes answer where the Deployment sends them, and the variant
+    // documented in deploy/README.md (a readinessProbe on /readyz) too.
     let pod = deployment_pod();
     let c = container(&pod, SIDECAR);
-    for probe in ["livenessProbe", "readinessProbe"] {
-        let url = t.admin_url(str_of(&c[probe]["httpGet"]["path"], "probe path"));
+    let mut paths = vec![str_of(&c["livenessProbe"]["httpGet"]["path"], "probe path")];
+    paths.extend(c["readinessProbe"]["httpGet"]["path"].as_str());
+    paths.push("/readyz");
+    for path in paths {
+        let url = t.admin_url(path);
         let status = reqwest::get(&url).await.expect("probe").status();
-        assert!(status.is_success(), "{probe} {url}: {status}");
+        assert!(status.is_success(), "{url}: {status}");
     }
 }
 

@@ -12,7 +12,7 @@ use wiremock::ResponseTemplate;
 use crate::harness::{eventually, spawn_app, spawn_app_with, Options, Receiver};
 
 const T: Duration = Duration::from_secs(30);
-const TOKEN: &str = "test-admin-token";
+const TOKEN: &str = "test-admin-token-0123456789";
 
 /// The value of one sample in the exposition text, e.g.
 /// `outbox_dispatch_total{event_name="x",outcome="success"}`.
@@ -103,7 +103,7 @@ async fn metrics_show_exact_counts_and_follow_a_resend() {
 
     // Resend through the admin API: the gauges follow, the pipeline sends it.
     let r = client()
-        .post(format!("{base}/admin/events/{bad}/retry"))
+        .post(t.api_url(&format!("/admin/events/{bad}/retry")))
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -155,8 +155,8 @@ async fn admin_auth_matrix_on_every_route() {
             async move { req.send().await.unwrap() }
         };
         let disabled = call(
-            format!("http://{}", no_token.admin_addr()),
-            Some("Bearer test-admin-token"),
+            format!("http://{}", no_token.api_addr()),
+            Some("Bearer test-admin-token-0123456789"),
         )
         .await;
         assert_eq!(
@@ -169,7 +169,15 @@ async fn admin_auth_matrix_on_every_route() {
             .as_str()
             .unwrap()
             .contains("set admin.token (OUTBOX__ADMIN__TOKEN)"));
-        let base = t.admin_url("");
+        // Issue 17 item 4: the admin API is not on the scraped listener.
+        assert_eq!(
+            call(t.admin_url(""), Some("Bearer test-admin-token-0123456789"))
+                .await
+                .status(),
+            404,
+            "{method} {path} on admin.listen"
+        );
+        let base = t.api_url("");
         assert_eq!(
             call(base.clone(), None).await.status(),
             401,
@@ -190,14 +198,33 @@ async fn admin_auth_matrix_on_every_route() {
             "{method} {path} not bearer"
         );
         assert_eq!(
-            call(base.clone(), Some("Bearer test-admin-token"))
+            call(base.clone(), Some("Bearer test-admin-token-012345678"))
+                .await
+                .status(),
+            401,
+            "{method} {path} a prefix of the token"
+        );
+        assert_eq!(
+            call(base.clone(), Some("Bearer test-admin-token-0123456789"))
                 .await
                 .status(),
             *ok_status,
             "{method} {path} right"
         );
+        // RFC 7235: the scheme is case-insensitive.
+        assert_eq!(
+            call(base.clone(), Some("bearer test-admin-token-0123456789"))
+                .await
+                .status(),
+            *ok_status,
+            "{method} {path} right, lower-case scheme"
+        );
     }
-    // The open routes stay open on both.
+    // The open routes stay open on both, and only on admin.listen.
+    for path in ["/metrics", "/livez", "/readyz"] {
+        let status = reqwest::get(t.api_url(path)).await.unwrap().status();
+        assert_eq!(status, 404, "{path} on admin.api_listen");
+    }
     for base in [t.admin_url(""), format!("http://{}", no_token.admin_addr())] {
         for path in ["/metrics", "/livez", "/readyz"] {
             assert_eq!(
@@ -244,7 +271,7 @@ async fn admin_list_filters_and_resends_are_dispatched() {
         (r.status().as_u16(), r.json::<Value>().await.unwrap())
     };
     let (status, list) =
-        get(t.admin_url("/admin/events?status=failed&event_name=accounts.installment_paid")).await;
+        get(t.api_url("/admin/events?status=failed&event_name=accounts.installment_paid")).await;
     assert_eq!(status, 200);
     let ids: Vec<i64> = list
         .as_array()
@@ -256,18 +283,18 @@ async fn admin_list_filters_and_resends_are_dispatched() {
     assert_eq!(list[0]["last_error"], "HTTP 503");
     assert_eq!(list[0]["attempts"], 1);
     assert_eq!(list[0]["status"], "failed");
-    let (_, limited) = get(t.admin_url("/admin/events?limit=1")).await;
+    let (_, limited) = get(t.api_url("/admin/events?limit=1")).await;
     assert_eq!(limited.as_array().unwrap().len(), 1);
-    let (status, bad) = get(t.admin_url("/admin/events?status=done")).await;
+    let (status, bad) = get(t.api_url("/admin/events?status=done")).await;
     assert_eq!(status, 400);
     assert!(bad["error"]
         .as_str()
         .unwrap()
         .contains("unknown status \"done\""));
-    let (status, one) = get(t.admin_url(&format!("/admin/events/{a}"))).await;
+    let (status, one) = get(t.api_url(&format!("/admin/events/{a}"))).await;
     assert_eq!(status, 200);
     assert_eq!(one["payload"], json!({}));
-    let (status, missing) = get(t.admin_url("/admin/events/987654")).await;
+    let (status, missing) = get(t.api_url("/admin/events/987654")).await;
     assert_eq!(
         (status, missing["error"].as_str().unwrap()),
         (404, "event 987654 not found")
@@ -278,31 +305,31 @@ async fn admin_list_filters_and_resends_are_dispatched() {
         let r = client().post(path).bearer_auth(TOKEN).send().await.unwrap();
         (r.status().as_u16(), r.json::<Value>().await.unwrap())
     };
-    let (status, body) = post(t.admin_url(&format!("/admin/events/{a}/retry"))).await;
+    let (status, body) = post(t.api_url(&format!("/admin/events/{a}/retry"))).await;
     assert_eq!(status, 200);
     assert_eq!(
         (body["status"].as_str(), body["attempts"].as_i64()),
         (Some("pending"), Some(0))
     );
     let (status, body) =
-        post(t.admin_url("/admin/events/retry?status=failed&event_name=accounts.installment_paid"))
+        post(t.api_url("/admin/events/retry?status=failed&event_name=accounts.installment_paid"))
             .await;
     assert_eq!((status, body["resent"].as_u64()), (200, Some(2)));
     for id in [a, b, c] {
         t.wait_status(id, Status::Sent, T).await;
     }
-    let (status, conflict) = post(t.admin_url(&format!("/admin/events/{a}/retry"))).await;
+    let (status, conflict) = post(t.api_url(&format!("/admin/events/{a}/retry"))).await;
     assert_eq!(status, 409);
     assert_eq!(conflict["status"], "sent");
     assert_eq!(
         conflict["error"],
         format!("event {a} is sent: only failed events can be resent")
     );
-    let (status, _) = post(t.admin_url("/admin/events/987654/retry")).await;
+    let (status, _) = post(t.api_url("/admin/events/987654/retry")).await;
     assert_eq!(status, 404);
     // Bodies over the limit are refused before any handler runs.
     let big = client()
-        .post(t.admin_url(&format!("/admin/events/{a}/retry")))
+        .post(t.api_url(&format!("/admin/events/{a}/retry")))
         .bearer_auth(TOKEN)
         .body(vec![b'x'; 64 * 1024])
         .send()
@@ -334,9 +361,11 @@ async fn readiness_follows_the_database() {
         r.json().await.ok()
     })
     .await;
-    assert_eq!(body["ready"], false);
-    assert!(
-        body["reason"].as_str().unwrap().starts_with("database"),
+    // The route is open: a fixed reason, never the driver's error text
+    // (user names, hosts, TLS details).
+    assert_eq!(
+        body,
+        json!({"ready": false, "reason": "database unavailable"}),
         "{body}"
     );
     // Work arriving during the outage waits, and is done when it returns.
@@ -370,7 +399,7 @@ fn bad_configurations_exit_2_naming_the_key() {
     let cases = [
         (
             "[database]\nurl = \"sqlite::memory:\"\nurll = \"x\"\n",
-            "error: invalid configuration: unknown field `urll`, expected one of `url`, `table`, `max_connections`, `connect_timeout` for key `database`\n",
+            "error: invalid configuration: unknown field `urll`, expected one of `url`, `url_file`, `table`, `max_connections`, `connect_timeout` for key `database`\n",
         ),
         (
             "[database]\nurl = \"sqlite::memory:\"\n[dispatchers.accounts]\nevents = [\"accounts.purchase_create\"]\n",
@@ -436,7 +465,7 @@ fn config_command_redacts_every_secret() {
             "OUTBOX__DATABASE__URL",
             "postgres://app:db-password-123@db:5432/app",
         )
-        .env("OUTBOX__ADMIN__TOKEN", "admin-token-456")
+        .env("OUTBOX__ADMIN__TOKEN", "admin-token-456-0123456789ab")
         .env(
             "OUTBOX__DISPATCHERS__ACCOUNTS__URL",
             "http://accounts/api/v1/events",
@@ -465,7 +494,7 @@ fn config_command_redacts_every_secret() {
     );
     for secret in [
         "db-password-123",
-        "admin-token-456",
+        "admin-token-456-0123456789ab",
         "header-secret-789",
         "sasl-secret-000",
     ] {
@@ -478,4 +507,28 @@ fn config_command_redacts_every_secret() {
     assert!(text.contains("token = \"***\""), "{text}");
     assert!(text.contains("authorization = \"***\""), "{text}");
     assert!(text.contains("sasl_password = \"***\""), "{text}");
+}
+
+/// Issue 16 item 11: a dispatcher header's value read from a file (as from
+/// a mounted Secret) reaches the receiver byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_value_from_a_file_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api-key");
+    std::fs::write(&path, "0042-key-from-file\n").unwrap();
+    let t = spawn_app(Options {
+        extra_toml: format!(
+            "[dispatchers.accounts.header_files]\nX-Api-Key = \"{}\"\n",
+            path.display()
+        ),
+        ..Options::default()
+    })
+    .await;
+    let id = t.insert("accounts.purchase_create", json!({})).await;
+    t.wait_status(id, Status::Sent, T).await;
+    let sent = t.receiver.for_id(id);
+    assert_eq!(
+        sent[0].headers.get("x-api-key").map(String::as_str),
+        Some("0042-key-from-file")
+    );
 }

@@ -23,6 +23,7 @@ async fn sigterm_mid_run_drains_commits_and_a_restart_finishes() {
     t.stop().await;
 
     let port = free_port();
+    let api_port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("sidecar.toml");
     let db_url = t.db.url.replace("postgres@", "postgres:db-password-123@");
@@ -47,7 +48,8 @@ timeout = "5s"
 Authorization = "Bearer header-secret-789"
 [admin]
 listen = "127.0.0.1:{port}"
-token = "admin-token-456"
+api_listen = "127.0.0.1:{api_port}"
+token = "admin-token-456-0123456789ab"
 [shutdown]
 drain_timeout = "5s"
 [log]
@@ -74,15 +76,15 @@ level = "debug"
     // Admin calls with a wrong and a right token: neither may be logged.
     let c = reqwest::Client::new();
     let wrong = c
-        .get(format!("{base}/admin/events"))
+        .get(format!("http://127.0.0.1:{api_port}/admin/events"))
         .bearer_auth("wrong-token-111")
         .send()
         .await
         .unwrap();
     assert_eq!(wrong.status(), 401);
     let right = c
-        .get(format!("{base}/admin/events"))
-        .bearer_auth("admin-token-456")
+        .get(format!("http://127.0.0.1:{api_port}/admin/events"))
+        .bearer_auth("admin-token-456-0123456789ab")
         .send()
         .await
         .unwrap();
@@ -153,7 +155,7 @@ level = "debug"
     assert!(log.contains("shutdown requested"), "{log}");
     for secret in [
         "db-password-123",
-        "admin-token-456",
+        "admin-token-456-0123456789ab",
         "header-secret-789",
         "wrong-token-111",
     ] {
@@ -188,7 +190,7 @@ async fn a_second_signal_exits_at_once() {
         format!(
             "[database]\nurl = \"{db}\"\n[kafka]\nbrokers = \"{brokers}\"\ntopic = \"{topic}\"\ngroup_id = \"{group}\"\n\
              [dispatchers.accounts]\nurl = \"{url}\"\nevents = [\"accounts.purchase_create\"]\ntimeout = \"20s\"\n\
-             [admin]\nlisten = \"127.0.0.1:{port}\"\n[shutdown]\ndrain_timeout = \"15s\"\n",
+             [admin]\nlisten = \"127.0.0.1:{port}\"\napi_listen = \"127.0.0.1:0\"\n[shutdown]\ndrain_timeout = \"15s\"\n",
             db = t.db.url,
             brokers = t.kafka.brokers,
             topic = t.topic,

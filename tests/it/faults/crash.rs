@@ -42,7 +42,8 @@ events = ["accounts.purchase_create", "accounts.installment_paid", "accounts.ins
 timeout = "5s"
 [admin]
 listen = "127.0.0.1:0"
-token = "crash-admin-token"
+api_listen = "127.0.0.1:0"
+token = "crash-admin-token-0123456789"
 [shutdown]
 drain_timeout = "5s"
 [log]

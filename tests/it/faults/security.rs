@@ -15,14 +15,14 @@ use super::check::{all_rows, check, Spec};
 use super::setup::{insert_many, prepare, scale, settle, settle_rows, T};
 use crate::harness::{eventually, Options, Receiver};
 
-const TOKEN: &str = "test-admin-token";
+const TOKEN: &str = "test-admin-token-0123456789";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_routes_under_load_with_no_wrong_and_right_tokens() {
     let mut t = prepare(Options::default(), Receiver::accepting().await, 1).await;
     t.start().await;
     let ids = insert_many(&t, 20 * scale(), "load").await;
-    let base = t.admin_url("");
+    let base = t.api_url("");
     let client = reqwest::Client::new();
     // (Authorization header, route, expected status)
     let auths: [(Option<String>, u16); 7] = [
@@ -108,7 +108,7 @@ async fn admin_routes_under_load_with_no_wrong_and_right_tokens() {
 }
 
 const DB_PASSWORD: &str = "db-password-fault-321";
-const ADMIN_TOKEN: &str = "admin-token-fault-654";
+const ADMIN_TOKEN: &str = "admin-token-fault-654-0123456789";
 const HEADER_SECRET: &str = "header-secret-fault-987";
 const REFUSED_SECRET: &str = "refused-secret-fault-111";
 const SECRETS: [&str; 4] = [DB_PASSWORD, ADMIN_TOKEN, HEADER_SECRET, REFUSED_SECRET];
@@ -132,6 +132,7 @@ async fn planted_secrets_stay_out_of_logs_last_error_metrics_and_errors() {
     let t = prepare(Options::default(), receiver, 1).await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
+    let api_port = free_port();
     let closed = free_port();
     let db_url = with_password(&t.db.url, DB_PASSWORD);
     let config = |db_url: &str| {
@@ -158,6 +159,7 @@ events = ["test.refused"]
 X-Api-Key = "{REFUSED_SECRET}"
 [admin]
 listen = "127.0.0.1:{port}"
+api_listen = "127.0.0.1:{api_port}"
 token = "{ADMIN_TOKEN}"
 [log]
 format = "json"
@@ -181,6 +183,7 @@ level = "debug"
         .spawn()
         .unwrap();
     let base = format!("http://127.0.0.1:{port}");
+    let api = format!("http://127.0.0.1:{api_port}");
     crate::harness::wait_ready("the child to be ready", &base, T).await;
     insert_many(&t, 3, "ok").await;
     insert_many(&t, 3, "fail").await;
@@ -189,7 +192,7 @@ level = "debug"
     }
     let c = reqwest::Client::new();
     let wrong = c
-        .get(format!("{base}/admin/events"))
+        .get(format!("{api}/admin/events"))
         .bearer_auth(HEADER_SECRET)
         .send()
         .await
@@ -217,7 +220,7 @@ level = "debug"
         .unwrap();
     assert_no_secret("/metrics", &metrics);
     let listed = c
-        .get(format!("{base}/admin/events?status=failed"))
+        .get(format!("{api}/admin/events?status=failed"))
         .bearer_auth(ADMIN_TOKEN)
         .send()
         .await

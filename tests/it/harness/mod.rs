@@ -105,7 +105,7 @@ impl Default for Options {
             max_attempts: 3,
             max_in_flight: 16,
             partitions: 3,
-            admin_token: Some("test-admin-token"),
+            admin_token: Some("test-admin-token-0123456789"),
             extra_toml: String::new(),
         }
     }
@@ -156,6 +156,7 @@ timeout = "2s"
 Authorization = "Bearer accounts-secret-token"
 [admin]
 listen = "127.0.0.1:0"
+api_listen = "127.0.0.1:0"
 {token}
 [metrics]
 refresh_interval = "200ms"
@@ -191,9 +192,16 @@ drain_timeout = "5s"
         }
     }
 
+    /// `/metrics`, `/livez`, `/readyz` (`admin.listen`).
     pub fn admin_url(&self, path: &str) -> String {
         let app = self.app.as_ref().expect("running");
         format!("http://{}{path}", app.admin_addr())
+    }
+
+    /// The admin API `/admin/*` (`admin.api_listen`).
+    pub fn api_url(&self, path: &str) -> String {
+        let app = self.app.as_ref().expect("running");
+        format!("http://{}{path}", app.api_addr())
     }
 
     pub async fn insert(&self, event_name: &str, payload: Value) -> i64 {
