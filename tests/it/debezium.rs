@@ -141,10 +141,12 @@ impl Dbz {
         bridge::read_topic(&self.t.kafka.brokers, &self.t.topic, self.t.opts.partitions)
     }
 
-    /// Fills the feed's `published` from the topic, for the fault checker.
-    pub fn record_published(&self) {
-        let p = bridge::published(&self.records());
+    /// Fills the feed's `published` from the topic, for the fault checker;
+    /// returns how many records were replays (see [`bridge::published`]).
+    pub fn record_published(&self) -> usize {
+        let (p, replays) = bridge::published(&self.records());
         *self.t.feed.published.lock().unwrap() = p;
+        replays
     }
 
     /// Waits until `n` records whose value satisfies `pred` are on the topic.

@@ -4,6 +4,7 @@
 
 mod cli;
 mod db;
+mod debezium;
 mod demo;
 mod deploy;
 mod faults;
