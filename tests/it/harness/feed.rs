@@ -6,7 +6,7 @@
 //!
 //! It follows what real Debezium 3.6 emits with the shipped connector
 //! configuration (captured by `tests/debezium/bridge.py`, see
-//! `tests/fixtures/cdc/5*_real_*.json`): `payload` is the jsonb text
+//! `tests/fixtures/cdc/*_real_*.json`): `payload` is the jsonb text
 //! PostgreSQL normalises (`{"a": 1}`); under `REPLICA IDENTITY DEFAULT` an
 //! update has `before: null`, a delete's `before` holds the key plus each
 //! NOT NULL column's type default (`"event_name": ""`, `"payload": ""`,
