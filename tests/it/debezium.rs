@@ -36,6 +36,9 @@ pub const T: Duration = Duration::from_secs(90);
 pub struct Dbz {
     /// Declared first: dropped (killed, slot dropped) before the database.
     pub bridge: Option<Bridge>,
+    /// Everything Debezium publishes to the topic (dropped before the
+    /// broker).
+    pub tail: bridge::Tail,
     pub t: TestApp,
     pub dir: tempfile::TempDir,
 }
@@ -64,7 +67,9 @@ pub async fn prepare(mut opts: Options, receiver: Receiver) -> Dbz {
     let group = unique("sidecar");
     kafka.create_topic(&topic, partitions).await;
     let feed = ChangeFeed::detached(&kafka.brokers, &topic).await;
+    let tail = bridge::Tail::start(&kafka.brokers, &topic, partitions);
     Dbz {
+        tail,
         bridge: None,
         t: TestApp {
             kafka,
@@ -138,7 +143,7 @@ impl Dbz {
 
     /// Everything Debezium put on the topic so far.
     pub fn records(&self) -> Vec<bridge::Rec> {
-        bridge::read_topic(&self.t.kafka.brokers, &self.t.topic, self.t.opts.partitions)
+        self.tail.records()
     }
 
     /// Fills the feed's `published` from the topic, for the fault checker;

@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -308,6 +310,112 @@ impl Rec {
     pub fn key_id(&self) -> Option<i64> {
         let k: Value = serde_json::from_slice(self.key.as_deref()?).ok()?;
         k["id"].as_i64()
+    }
+}
+
+/// Reads `topic` from the beginning as records arrive, on a thread of its
+/// own: what Debezium published stays known even where the broker later
+/// trims old records (the mock cluster keeps a few MB per partition).
+pub struct Tail {
+    recs: Arc<Mutex<Vec<Rec>>>,
+    next: Arc<Mutex<Vec<i64>>>,
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+    brokers: String,
+    topic: String,
+}
+
+impl Tail {
+    pub fn start(brokers: &str, topic: &str, partitions: i32) -> Tail {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", crate::harness::unique("dbz-tail"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)
+                .unwrap();
+        }
+        consumer.assign(&tpl).unwrap();
+        let recs = Arc::new(Mutex::new(Vec::new()));
+        let next = Arc::new(Mutex::new(vec![0i64; partitions as usize]));
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = {
+            let (recs, next, stop) = (recs.clone(), next.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                        recs.lock().unwrap().push(Rec {
+                            partition: m.partition(),
+                            offset: m.offset(),
+                            key: m.key().map(<[u8]>::to_vec),
+                            value: m.payload().map(<[u8]>::to_vec),
+                        });
+                        next.lock().unwrap()[m.partition() as usize] = m.offset() + 1;
+                    }
+                }
+            })
+        };
+        Tail {
+            recs,
+            next,
+            stop,
+            handle: Some(handle),
+            brokers: brokers.to_owned(),
+            topic: topic.to_owned(),
+        }
+    }
+
+    /// Every record on the topic up to its high watermarks now, in
+    /// partition then offset order.
+    pub fn records(&self) -> Vec<Rec> {
+        let n = self.next.lock().unwrap().len();
+        let reader: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()
+            .unwrap();
+        let ends: Vec<i64> = (0..n as i32)
+            .map(|p| {
+                reader
+                    .fetch_watermarks(&self.topic, p, Duration::from_secs(10))
+                    .expect("watermarks")
+                    .1
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let next = self.next.lock().unwrap().clone();
+            if next.iter().zip(&ends).all(|(n, e)| n >= e) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the tail of {} is at {next:?}, the topic ends at {ends:?}",
+                self.topic
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut out: Vec<Rec> = self
+            .recs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.offset < ends[r.partition as usize])
+            .cloned()
+            .collect();
+        out.sort_by_key(|r| (r.partition, r.offset));
+        out
+    }
+}
+
+impl Drop for Tail {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
     }
 }
 
