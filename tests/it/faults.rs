@@ -14,11 +14,11 @@
 //! `OUTBOX_TEST_KAFKA_BROKERS` names a real broker.
 
 mod broker;
-mod check;
+pub mod check;
 mod crash;
 mod database;
 mod http;
 mod input;
 mod rebalance;
 mod security;
-mod setup;
+pub mod setup;

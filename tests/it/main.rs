@@ -5,6 +5,7 @@
 mod cli;
 mod consumer;
 mod db;
+mod debezium;
 mod demo;
 mod deploy;
 mod faults;
