@@ -120,8 +120,8 @@ async fn debezium_decision_table_with_the_real_5s_delay_and_both_resends() {
         String::from_utf8_lossy(&out.stderr)
     );
     let resp = reqwest::Client::new()
-        .post(d.t.admin_url(&format!("/admin/events/{admin}/retry")))
-        .bearer_auth("test-admin-token")
+        .post(d.t.api_url(&format!("/admin/events/{admin}/retry")))
+        .bearer_auth("test-admin-token-0123456789")
         .send()
         .await
         .unwrap();
