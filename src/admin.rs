@@ -43,6 +43,9 @@ pub struct AdminState {
     pub token: Option<Secret>,
     /// False once the pipeline task has stopped unexpectedly.
     pub alive: Arc<std::sync::atomic::AtomicBool>,
+    /// `/livez` fails when the consumer loop has not turned for this long
+    /// (an idle loop turns every second).
+    pub stall_limit: std::time::Duration,
 }
 
 /// The open routes of `admin.listen`: `/metrics`, `/livez`, `/readyz`.
@@ -133,15 +136,25 @@ async fn metrics(State(state): State<AdminState>) -> Response {
 }
 
 async fn livez(State(state): State<AdminState>) -> Response {
-    if state.alive.load(Ordering::Relaxed) {
-        (StatusCode::OK, Json(json!({"live": true}))).into_response()
-    } else {
+    let dead = |reason: String| {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"live": false, "reason": "the pipeline task has stopped"})),
+            Json(json!({"live": false, "reason": reason})),
         )
             .into_response()
+    };
+    if !state.alive.load(Ordering::Relaxed) {
+        return dead("the pipeline task has stopped".into());
     }
+    let stalled = state.health.stalled_for();
+    if stalled > state.stall_limit {
+        tracing::error!(stalled = ?stalled, limit = ?state.stall_limit, "the consumer loop is wedged; liveness fails");
+        return dead(format!(
+            "the consumer loop has not turned for {}s",
+            stalled.as_secs()
+        ));
+    }
+    (StatusCode::OK, Json(json!({"live": true}))).into_response()
 }
 
 async fn readyz(State(state): State<AdminState>) -> Response {

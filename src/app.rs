@@ -50,7 +50,7 @@ impl App {
     pub async fn start(settings: Settings) -> Result<App, AppError> {
         settings.validate_for_run()?;
         let metrics = Metrics::new();
-        let store = crate::cli::open_store(&settings).await?;
+        let store = Store::open(&settings).await?;
         let registry = Registry::from_settings(&settings.dispatchers)?;
         metrics.register_event_names(registry.event_names());
         let (listener, admin_addr) = bind("admin.listen", settings.admin_listen()?).await?;
@@ -86,6 +86,9 @@ impl App {
                 .clone()
                 .filter(|t| !t.expose().is_empty()),
             alive: alive.clone(),
+            // A loop that has not turned for this long is wedged: librdkafka
+            // has dropped the member by then too.
+            stall_limit: settings.max_poll_interval()?,
         };
         let server_shutdown = CancellationToken::new();
         let server = serve(
@@ -215,55 +218,5 @@ async fn refresh_gauges(
                 warn!(error = %e, "cannot refresh the table gauges");
             }
         }
-    }
-}
-
-/// `outbox-sidecar run`: start, stop on the first SIGTERM/SIGINT, exit at
-/// once on a second one.
-pub async fn run_until_stopped(settings: Settings) -> i32 {
-    let app = match App::start(settings).await {
-        Ok(app) => app,
-        Err(e) => {
-            eprintln!("error: {e}");
-            error!(error = %e, "start-up failed");
-            return crate::cli::EXIT_FAILED;
-        }
-    };
-    let token = app.shutdown_token();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        info!("shutdown requested: draining");
-        token.cancel();
-        wait_for_signal().await;
-        warn!("second signal: exiting at once");
-        std::process::exit(130);
-    });
-    app.stopped().await;
-    info!("stopped");
-    crate::cli::EXIT_OK
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(mut term), Ok(mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-            }
-            _ => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -89,14 +89,7 @@ fn parse_status(s: &str) -> Result<Status, String> {
 
 /// Connects to the configured database.
 pub async fn open_store(settings: &Settings) -> Result<Store, crate::store::StoreError> {
-    Store::connect(
-        settings.database_url(),
-        &settings.database.table,
-        settings.dispatch.max_attempts,
-        settings.database.max_connections,
-        settings.database.connect_timeout,
-    )
-    .await
+    Store::open(settings).await
 }
 
 pub async fn migrate(settings: &Settings) -> i32 {
@@ -241,5 +234,55 @@ fn shorten(s: &str) -> String {
     } else {
         let cut: String = one_line.chars().take(59).collect();
         format!("{cut}…")
+    }
+}
+
+/// `outbox-sidecar run`: start, stop on the first SIGTERM/SIGINT, exit at
+/// once on a second one.
+pub async fn run_until_stopped(settings: Settings) -> i32 {
+    let app = match crate::app::App::start(settings).await {
+        Ok(app) => app,
+        Err(e) => {
+            eprintln!("error: {e}");
+            tracing::error!(error = %e, "start-up failed");
+            return EXIT_FAILED;
+        }
+    };
+    let token = app.shutdown_token();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested: draining");
+        token.cancel();
+        wait_for_signal().await;
+        tracing::warn!("second signal: exiting at once");
+        std::process::exit(130);
+    });
+    app.stopped().await;
+    tracing::info!("stopped");
+    EXIT_OK
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

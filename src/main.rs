@@ -51,7 +51,7 @@ async fn dispatch(cli: Cli) -> i32 {
                 eprintln!("error: {e}");
                 return EXIT_USAGE;
             }
-            outbox_sidecar::app::run_until_stopped(settings).await
+            cli::run_until_stopped(settings).await
         }
     }
 }

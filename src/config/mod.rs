@@ -323,6 +323,12 @@ fn default_admin_api_listen() -> String {
 fn default_refresh_interval() -> Duration {
     Duration::from_secs(15)
 }
+/// `OUTBOX__KAFKA__PROPERTIES__SASL_PASSWORD` arrives as `sasl_password`:
+/// librdkafka names use dots, never underscores, so map them back.
+pub fn property_name(key: &str) -> String {
+    key.replace('_', ".")
+}
+
 /// librdkafka's default `max.poll.interval.ms`.
 const DEFAULT_MAX_POLL_INTERVAL_MS: u64 = 300_000;
 
@@ -580,21 +586,8 @@ impl Settings {
         }
         // A revoke waits up to the drain timeout inside the consumer's poll;
         // librdkafka drops a member that does not poll for this long.
-        let max_poll = match self
-            .kafka
-            .properties
-            .iter()
-            .find(|(k, _)| crate::consumer::property_name(k) == "max.poll.interval.ms")
-        {
-            Some((k, v)) => v.trim().parse::<u64>().map_err(|_| {
-                ConfigError::key(
-                    format!("kafka.properties.{k}"),
-                    format!("{v:?} is not a number of milliseconds"),
-                )
-            })?,
-            None => DEFAULT_MAX_POLL_INTERVAL_MS,
-        };
-        if self.shutdown.drain_timeout.as_millis() >= u128::from(max_poll) {
+        let max_poll = self.max_poll_interval()?.as_millis();
+        if self.shutdown.drain_timeout.as_millis() >= max_poll {
             return Err(ConfigError::key(
                 "shutdown.drain_timeout",
                 format!(
@@ -605,6 +598,26 @@ impl Settings {
             ));
         }
         Ok(())
+    }
+
+    /// The consumer's `max.poll.interval.ms` (librdkafka drops a member
+    /// that does not poll for this long; liveness fails after it too).
+    pub fn max_poll_interval(&self) -> Result<Duration, ConfigError> {
+        let ms = match self
+            .kafka
+            .properties
+            .iter()
+            .find(|(k, _)| property_name(k) == "max.poll.interval.ms")
+        {
+            Some((k, v)) => v.trim().parse::<u64>().map_err(|_| {
+                ConfigError::key(
+                    format!("kafka.properties.{k}"),
+                    format!("{v:?} is not a number of milliseconds"),
+                )
+            })?,
+            None => DEFAULT_MAX_POLL_INTERVAL_MS,
+        };
+        Ok(Duration::from_millis(ms))
     }
 
     pub fn admin_listen(&self) -> Result<SocketAddr, ConfigError> {

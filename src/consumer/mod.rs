@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::cdc::{Decision, Decoder, Record, Skip};
-use crate::config::KafkaSettings;
+use crate::config::{property_name, KafkaSettings};
 use crate::job::{self, JobContext, JobEnd, Lease};
 use crate::metrics::Metrics;
 use crate::store::{RowRead, Store};
@@ -294,12 +294,6 @@ pub fn client_config(settings: &KafkaSettings) -> ClientConfig {
         RDKafkaLogLevel::Warning
     });
     cfg
-}
-
-/// `OUTBOX__KAFKA__PROPERTIES__SASL_PASSWORD` arrives as `sasl_password`:
-/// librdkafka names use dots, never underscores, so map them back.
-pub fn property_name(key: &str) -> String {
-    key.replace('_', ".")
 }
 
 /// How many already-fetched messages one loop turn collects.

@@ -234,6 +234,18 @@ impl Store {
         Ok(store)
     }
 
+    /// [`Store::connect`] with the settings' database and dispatch keys.
+    pub async fn open(settings: &crate::config::Settings) -> Result<Self, StoreError> {
+        Self::connect(
+            settings.database_url(),
+            &settings.database.table,
+            settings.dispatch.max_attempts,
+            settings.database.max_connections,
+            settings.database.connect_timeout,
+        )
+        .await
+    }
+
     pub fn new(db: DatabaseConnection, table: &str, max_attempts: i32) -> Self {
         Self {
             db,

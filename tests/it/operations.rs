@@ -393,6 +393,59 @@ async fn liveness_and_readiness_before_and_after_joining() {
     assert_eq!(r["ready"], true);
 }
 
+/// A consumer loop that stops turning (wedged in a call that never
+/// returns) fails liveness, so Kubernetes restarts the sidecar; an idle
+/// loop keeps turning and stays live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_fails_when_the_consumer_loop_stops_turning() {
+    use outbox_sidecar::admin::{router, AdminState};
+    use outbox_sidecar::consumer::ConsumerHealth;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let db = crate::db::TestDb::postgres().await;
+    let health = Arc::new(ConsumerHealth::default());
+    let state = AdminState {
+        store: db.store(3).await,
+        metrics: outbox_sidecar::metrics::Metrics::new(),
+        health: health.clone(),
+        token: None,
+        alive: Arc::new(AtomicBool::new(true)),
+        stall_limit: Duration::from_millis(300),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/livez", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    // Turning (as the idle loop's timer makes it): live, however long.
+    let beating = {
+        let health = health.clone();
+        tokio::spawn(async move {
+            loop {
+                health.beat();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    for _ in 0..10 {
+        assert_eq!(reqwest::get(&url).await.unwrap().status(), 200);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Wedged: no more turns.
+    beating.abort();
+    let body: Value = eventually("liveness to fail", Duration::from_secs(10), || {
+        let url = url.clone();
+        async move {
+            let r = reqwest::get(&url).await.ok()?;
+            (r.status() == 503).then_some(r.json().await.ok()?)
+        }
+    })
+    .await;
+    let reason = body["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("the consumer loop has not turned for"),
+        "{reason}"
+    );
+}
+
 #[test]
 fn bad_configurations_exit_2_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
