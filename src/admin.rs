@@ -46,6 +46,8 @@ pub struct AdminState {
     /// `/livez` fails when the consumer loop has not turned for this long
     /// (an idle loop turns every second).
     pub stall_limit: std::time::Duration,
+    /// Each dispatcher's event names (bulk resend by dispatcher).
+    pub dispatchers: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// The open routes of `admin.listen`: `/metrics`, `/livez`, `/readyz`.
@@ -67,6 +69,7 @@ pub fn api_router(state: AdminState) -> Router {
     Router::new()
         .route("/admin/events", get(list_events))
         .route("/admin/events/retry", post(retry_all))
+        .route("/admin/events/retrigger", post(retrigger))
         .route("/admin/events/{id}", get(get_event))
         .route("/admin/events/{id}/retry", post(retry_one))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
@@ -288,7 +291,11 @@ async fn retry_one(State(state): State<AdminState>, Path(id): Path<i64>) -> Resp
 #[derive(Debug, Deserialize)]
 pub struct RetryAllQuery {
     status: Option<String>,
-    event_name: Option<String>,
+    #[serde(flatten)]
+    filters: crate::operator::ResendFilters,
+    /// `true`: the count and a sample, nothing changed. (A string: query
+    /// values reach a flattened struct as text.)
+    dry_run: Option<String>,
 }
 
 async fn retry_all(State(state): State<AdminState>, Query(q): Query<RetryAllQuery>) -> Response {
@@ -302,11 +309,72 @@ async fn retry_all(State(state): State<AdminState>, Query(q): Query<RetryAllQuer
         }
         Err(r) => return *r,
     }
-    match state.store.retry_all_failed(q.event_name.as_deref()).await {
+    let filter = match q.filters.to_filter(&state.dispatchers) {
+        Ok(f) => f,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    if matches!(q.dry_run.as_deref(), Some("true" | "1")) {
+        return match state
+            .store
+            .preview_failed(&filter, crate::operator::SAMPLE)
+            .await
+        {
+            Ok((n, sample)) => Json(json!({
+                "would_resend": n,
+                "sample": sample.into_iter().map(|r| EventView::new(r, false)).collect::<Vec<_>>(),
+            }))
+            .into_response(),
+            Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        };
+    }
+    match state.store.retry_failed(&filter).await {
         Ok(n) => {
-            tracing::info!(count = n, "failed events resent by an operator");
+            tracing::info!(count = n, filters = ?q.filters, "failed events resent by an operator");
             refresh_gauges(&state).await;
             Json(json!({ "resent": n })).into_response()
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RetriggerQuery {
+    /// Comma-separated event ids.
+    ids: Option<String>,
+    pending_older_than: Option<String>,
+    event_name: Option<String>,
+}
+
+/// `POST /admin/events/retrigger?ids=1,2` or `?pending_older_than=10m`:
+/// pending rows touched so Debezium announces them again.
+async fn retrigger(State(state): State<AdminState>, Query(q): Query<RetriggerQuery>) -> Response {
+    let ids: Result<Vec<i64>, _> = q
+        .ids
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::parse::<i64>)
+        .collect();
+    let Ok(ids) = ids else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "ids: expected comma-separated event ids",
+        );
+    };
+    let filter = match crate::operator::retrigger_filter(
+        ids,
+        q.pending_older_than.as_deref(),
+        q.event_name.clone(),
+    ) {
+        Ok(f) => f,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match state.store.retrigger(&filter).await {
+        Ok(n) => {
+            tracing::info!(count = n, "pending events retriggered by an operator");
+            Json(json!({ "retriggered": n })).into_response()
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }

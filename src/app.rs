@@ -89,6 +89,7 @@ impl App {
             // A loop that has not turned for this long is wedged: librdkafka
             // has dropped the member by then too.
             stall_limit: settings.max_poll_interval()?,
+            dispatchers: settings.dispatcher_events(),
         };
         let server_shutdown = CancellationToken::new();
         let server = serve(

@@ -61,11 +61,46 @@ pub enum EventsCommand {
     Retry {
         #[arg(required_unless_present = "all_failed", conflicts_with = "all_failed")]
         ids: Vec<i64>,
-        /// Resend every failed event.
+        /// Resend every failed event (narrowed by the filters below).
         #[arg(long)]
         all_failed: bool,
         /// With --all-failed: only events of this name.
         #[arg(long, requires = "all_failed")]
+        event_name: Option<String>,
+        /// With --all-failed: only events of this dispatcher's event names.
+        #[arg(long, requires = "all_failed")]
+        dispatcher: Option<String>,
+        /// With --all-failed: only events whose last_error contains this text.
+        #[arg(long, requires = "all_failed")]
+        error_contains: Option<String>,
+        /// With --all-failed: only events that failed at or after this time
+        /// (RFC 3339, or "YYYY-MM-DD HH:MM[:SS]" in UTC).
+        #[arg(long, requires = "all_failed")]
+        failed_since: Option<String>,
+        /// With --all-failed: only events that failed before this time.
+        #[arg(long, requires = "all_failed")]
+        failed_until: Option<String>,
+        /// Print how many events would be resent and a sample; change nothing.
+        #[arg(long, requires = "all_failed")]
+        dry_run: bool,
+        /// Confirm a resend of more than 1,000 events.
+        #[arg(long, requires = "all_failed")]
+        yes: bool,
+    },
+    /// Touch pending events (updated_at = now) so Debezium announces them
+    /// again; no status or attempts change. The remedy for change events
+    /// that are gone (an offset reset, a recreated connector).
+    Retrigger {
+        #[arg(
+            required_unless_present = "pending_older_than",
+            conflicts_with = "pending_older_than"
+        )]
+        ids: Vec<i64>,
+        /// Every pending event unchanged for longer than this (e.g. 10m).
+        #[arg(long)]
+        pending_older_than: Option<String>,
+        /// Only events of this name.
+        #[arg(long)]
         event_name: Option<String>,
     },
 }
@@ -135,11 +170,72 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
             ids,
             all_failed: true,
             event_name,
+            dispatcher,
+            error_contains,
+            failed_since,
+            failed_until,
+            dry_run,
+            yes,
         } => {
             debug_assert!(ids.is_empty());
-            match store.retry_all_failed(event_name.as_deref()).await {
+            let filters = crate::operator::ResendFilters {
+                event_name,
+                dispatcher,
+                error_contains,
+                failed_since,
+                failed_until,
+            };
+            let filter = match filters.to_filter(&settings.dispatcher_events()) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_USAGE;
+                }
+            };
+            let (count, sample) = match store.preview_failed(&filter, crate::operator::SAMPLE).await
+            {
+                Ok(preview) => preview,
+                Err(e) => return fail(&e),
+            };
+            if dry_run {
+                println!("{count} failed event(s) would be resent; the newest:");
+                let _ = std::io::stdout().write_all(render_table(&sample).as_bytes());
+                return EXIT_OK;
+            }
+            if count > crate::operator::CONFIRM_ABOVE && !yes {
+                eprintln!(
+                    "error: {count} failed events match; add --yes to resend them \
+                     (--dry-run shows a sample)"
+                );
+                return EXIT_FAILED;
+            }
+            match store.retry_failed(&filter).await {
                 Ok(n) => {
                     println!("resent {n} failed event(s)");
+                    EXIT_OK
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        EventsCommand::Retrigger {
+            ids,
+            pending_older_than,
+            event_name,
+        } => {
+            let filter = match crate::operator::retrigger_filter(
+                ids,
+                pending_older_than.as_deref(),
+                event_name,
+            ) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_USAGE;
+                }
+            };
+            match store.retrigger(&filter).await {
+                Ok(n) => {
+                    println!("retriggered {n} pending event(s)");
                     EXIT_OK
                 }
                 Err(e) => fail(&e),

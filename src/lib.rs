@@ -34,6 +34,7 @@ pub mod demo;
 pub mod dispatch;
 pub mod job;
 pub mod metrics;
+pub mod operator;
 pub mod store;
 pub mod telemetry;
 pub mod transition;

@@ -600,6 +600,14 @@ impl Settings {
         Ok(())
     }
 
+    /// Each dispatcher's event names (bulk resend by dispatcher).
+    pub fn dispatcher_events(&self) -> BTreeMap<String, Vec<String>> {
+        self.dispatchers
+            .iter()
+            .map(|(name, d)| (name.clone(), d.events.clone()))
+            .collect()
+    }
+
     /// The consumer's `max.poll.interval.ms` (librdkafka drops a member
     /// that does not poll for this long; liveness fails after it too).
     pub fn max_poll_interval(&self) -> Result<Duration, ConfigError> {

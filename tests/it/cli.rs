@@ -240,3 +240,109 @@ fn an_unreadable_secret_file_is_a_usage_error_naming_the_key() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("url = \"sqlite::memory:\""));
 }
+
+/// The morning after an outage, from the command line: a dry run of a
+/// filtered resend, the resend, a bad filter named, and a retrigger.
+#[tokio::test]
+async fn filtered_resend_dry_run_and_retrigger() {
+    let db = TestDb::postgres().await;
+    let store = db.store(1).await;
+    let mut failed = Vec::new();
+    for error in [
+        "HTTP 503: down",
+        "HTTP 422: company_not_found",
+        "HTTP 503: down",
+    ] {
+        let id = store
+            .insert("accounts.purchase_create", &json!({}))
+            .await
+            .unwrap();
+        let row = store.get(id).await.unwrap().unwrap();
+        store.register_failure(&row, error).await.unwrap();
+        failed.push(id);
+    }
+    let pending = store
+        .insert("accounts.installment_paid", &json!({}))
+        .await
+        .unwrap();
+    let before = store.get(pending).await.unwrap().unwrap();
+    let filter = [
+        "events",
+        "retry",
+        "--all-failed",
+        "--error-contains",
+        "503",
+        "--failed-since",
+        "2000-01-01T00:00:00Z",
+    ];
+    let out = run(&db, &[&filter[..], &["--dry-run"]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.starts_with("2 failed event(s) would be resent; the newest:\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("HTTP 503: down") && !stdout.contains("422"),
+        "{stdout}"
+    );
+    assert_eq!(
+        store.stats().await.unwrap().failed,
+        3,
+        "a dry run changes nothing"
+    );
+
+    let out = run(&db, &filter);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "resent 2 failed event(s)\n");
+    assert_eq!(
+        store.get(failed[1]).await.unwrap().unwrap().status,
+        Status::Failed
+    );
+
+    let out = run(
+        &db,
+        &["events", "retry", "--all-failed", "--failed-until", "noon"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).starts_with("error: failed_until: \"noon\" is not a time"));
+    let out = run(
+        &db,
+        &["events", "retry", "--all-failed", "--dispatcher", "billing"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).starts_with("error: dispatcher: no dispatcher \"billing\""));
+
+    let out = run(
+        &db,
+        &[
+            "events",
+            "retrigger",
+            &pending.to_string(),
+            &failed[1].to_string(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "retriggered 1 pending event(s)\n");
+    let after = store.get(pending).await.unwrap().unwrap();
+    assert!(after.updated_at > before.updated_at);
+    assert_eq!(
+        (after.status, after.attempts),
+        (before.status, before.attempts)
+    );
+    let out = run(
+        &db,
+        &[
+            "events",
+            "retrigger",
+            "--pending-older-than",
+            "1h",
+            "--event-name",
+            "accounts.installment_paid",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "retriggered 0 pending event(s)\n");
+    let out = run(&db, &["events", "retrigger"]);
+    assert_eq!(out.status.code(), Some(2), "ids or an age is required");
+}

@@ -393,6 +393,77 @@ async fn liveness_and_readiness_before_and_after_joining() {
     assert_eq!(r["ready"], true);
 }
 
+/// A filtered bulk resend through the admin API, its dry run first, and
+/// a retrigger: the same code as the CLI's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_filtered_resend_dry_run_and_retrigger() {
+    let receiver = Receiver::start(|_| ResponseTemplate::new(503)).await;
+    let mut t = spawn_app_with(
+        Options {
+            max_attempts: 1,
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    let mut ids = Vec::new();
+    for name in ["accounts.purchase_create", "accounts.installment_paid"] {
+        ids.push(t.insert(name, json!({})).await);
+    }
+    for id in &ids {
+        t.wait_status(*id, Status::Failed, Duration::from_secs(20))
+            .await;
+    }
+    let client = reqwest::Client::new();
+    let post = |path: String| client.post(t.api_url(&path)).bearer_auth(TOKEN).send();
+    let dry: Value = post(
+        "/admin/events/retry?error_contains=503&event_name=accounts.installment_paid&dry_run=true"
+            .into(),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(dry["would_resend"], 1, "{dry}");
+    assert_eq!(dry["sample"][0]["id"], ids[1], "{dry}");
+    assert_eq!(
+        t.row(ids[1]).await.status,
+        Status::Failed,
+        "a dry run changes nothing"
+    );
+    let bad = post("/admin/events/retry?failed_since=noon".into())
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let body: Value = bad.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap().starts_with("failed_since:"),
+        "{body}"
+    );
+    let done: Value = post("/admin/events/retry?dispatcher=accounts&error_contains=503".into())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(done["resent"], 2, "{done}");
+    for id in &ids {
+        t.wait_status(*id, Status::Failed, Duration::from_secs(20))
+            .await;
+    }
+    let r: Value = post(format!("/admin/events/retrigger?ids={},{}", ids[0], ids[1]))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["retriggered"], 0, "failed rows are not retriggered: {r}");
+    let bad = post("/admin/events/retrigger".into()).await.unwrap();
+    assert_eq!(bad.status(), 400);
+    t.stop().await;
+}
+
 /// A consumer loop that stops turning (wedged in a call that never
 /// returns) fails liveness, so Kubernetes restarts the sidecar; an idle
 /// loop keeps turning and stays live.
@@ -411,6 +482,7 @@ async fn liveness_fails_when_the_consumer_loop_stops_turning() {
         token: None,
         alive: Arc::new(AtomicBool::new(true)),
         stall_limit: Duration::from_millis(300),
+        dispatchers: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/livez", listener.local_addr().unwrap());

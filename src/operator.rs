@@ -1,0 +1,174 @@
+//! What an operator asks of the table during and after an outage, in one
+//! place for the CLI and the admin API: which failed rows a bulk resend
+//! takes (by event name, dispatcher, error text, failure time), and which
+//! pending rows to announce again (`retrigger`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::NaiveDateTime;
+
+use crate::store::{FailedFilter, RetriggerFilter};
+
+/// A bulk resend above this many rows must be confirmed (`--yes`).
+pub const CONFIRM_ABOVE: u64 = 1_000;
+
+/// How many rows a dry run shows.
+pub const SAMPLE: u64 = 10;
+
+/// The filters of a bulk resend as an operator types them.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct ResendFilters {
+    pub event_name: Option<String>,
+    pub dispatcher: Option<String>,
+    pub error_contains: Option<String>,
+    pub failed_since: Option<String>,
+    pub failed_until: Option<String>,
+}
+
+impl ResendFilters {
+    /// The store's filter; `dispatchers` maps each dispatcher to its event
+    /// names. The error names the filter that is wrong.
+    pub fn to_filter(
+        &self,
+        dispatchers: &BTreeMap<String, Vec<String>>,
+    ) -> Result<FailedFilter, String> {
+        let mut names: Option<Vec<String>> = self.event_name.clone().map(|n| vec![n]);
+        if let Some(d) = &self.dispatcher {
+            let events = dispatchers.get(d).ok_or_else(|| {
+                let known: Vec<&str> = dispatchers.keys().map(String::as_str).collect();
+                format!(
+                    "dispatcher: no dispatcher {d:?} (configured: {})",
+                    known.join(", ")
+                )
+            })?;
+            names = Some(match names {
+                // Both given: the event name must be one of the dispatcher's.
+                Some(n) => n.into_iter().filter(|n| events.contains(n)).collect(),
+                None => events.clone(),
+            });
+        }
+        Ok(FailedFilter {
+            event_names: names,
+            error_contains: self.error_contains.clone().filter(|t| !t.is_empty()),
+            failed_since: self
+                .failed_since
+                .as_deref()
+                .map(|t| parse_time(t).map_err(|e| format!("failed_since: {e}")))
+                .transpose()?,
+            failed_until: self
+                .failed_until
+                .as_deref()
+                .map(|t| parse_time(t).map_err(|e| format!("failed_until: {e}")))
+                .transpose()?,
+        })
+    }
+}
+
+/// A time as operators write it: RFC 3339 (`2026-12-01T02:00:00Z`,
+/// `…+01:00`), or without a zone (`2026-12-01 02:00[:00]`, taken as UTC).
+pub fn parse_time(s: &str) -> Result<NaiveDateTime, String> {
+    let s = s.trim();
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.naive_utc());
+    }
+    for format in [
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%dT%H:%M",
+        "%Y-%m-%d %H:%M",
+    ] {
+        if let Ok(t) = NaiveDateTime::parse_from_str(s, format) {
+            return Ok(t);
+        }
+    }
+    Err(format!(
+        "{s:?} is not a time (expected e.g. 2026-12-01T02:00:00Z or \"2026-12-01 02:00\" in UTC)"
+    ))
+}
+
+/// The rows `events retrigger` touches: ids, or pending rows unchanged for
+/// longer than a duration (`10m`, `2h`), optionally of one event name.
+pub fn retrigger_filter(
+    ids: Vec<i64>,
+    pending_older_than: Option<&str>,
+    event_name: Option<String>,
+) -> Result<RetriggerFilter, String> {
+    let older_than: Option<Duration> = pending_older_than
+        .map(|d| crate::config::duration::parse(d).map_err(|e| format!("pending_older_than: {e}")))
+        .transpose()?;
+    if ids.is_empty() && older_than.is_none() {
+        return Err("give event ids or pending_older_than".into());
+    }
+    if !ids.is_empty() && older_than.is_some() {
+        return Err("give event ids or pending_older_than, not both".into());
+    }
+    Ok(RetriggerFilter {
+        ids,
+        older_than,
+        event_name,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_in_the_forms_operators_type() {
+        let utc = parse_time("2026-12-01T02:00:00Z").unwrap();
+        assert_eq!(parse_time("2026-12-01T03:00:00+01:00").unwrap(), utc);
+        assert_eq!(parse_time("2026-12-01 02:00").unwrap(), utc);
+        assert_eq!(parse_time("2026-12-01T02:00:00.000").unwrap(), utc);
+        assert!(parse_time("yesterday").unwrap_err().contains("not a time"));
+    }
+
+    #[test]
+    fn a_dispatcher_stands_for_its_event_names() {
+        let d = BTreeMap::from([(
+            "accounts".to_owned(),
+            vec!["a.one".to_owned(), "a.two".to_owned()],
+        )]);
+        let f = ResendFilters {
+            dispatcher: Some("accounts".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            f.to_filter(&d).unwrap().event_names.unwrap(),
+            ["a.one", "a.two"]
+        );
+        let both = ResendFilters {
+            dispatcher: Some("accounts".into()),
+            event_name: Some("b.other".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            both.to_filter(&d).unwrap().event_names.unwrap(),
+            Vec::<String>::new()
+        );
+        let unknown = ResendFilters {
+            dispatcher: Some("billing".into()),
+            ..Default::default()
+        };
+        assert!(unknown
+            .to_filter(&d)
+            .unwrap_err()
+            .starts_with("dispatcher: no dispatcher"));
+        let bad = ResendFilters {
+            failed_since: Some("noon".into()),
+            ..Default::default()
+        };
+        assert!(bad.to_filter(&d).unwrap_err().starts_with("failed_since:"));
+    }
+
+    #[test]
+    fn retrigger_needs_ids_or_an_age() {
+        assert!(retrigger_filter(vec![], None, None).is_err());
+        assert!(retrigger_filter(vec![1], Some("10m"), None).is_err());
+        let f = retrigger_filter(vec![], Some("10m"), Some("a".into())).unwrap();
+        assert_eq!(f.older_than, Some(Duration::from_secs(600)));
+        assert!(retrigger_filter(vec![], Some("ten"), None)
+            .unwrap_err()
+            .starts_with("pending_older_than:"));
+    }
+}
