@@ -151,6 +151,9 @@ impl Metrics {
             &["to"],
         ));
         reg(Box::new(status_writes_given_up_total.clone()));
+        for to in ["sent", "failure"] {
+            status_writes_given_up_total.with_label_values(&[to]);
+        }
         let consumer_errors_total = must(IntCounterVec::new(
             Opts::new(
                 "outbox_consumer_errors_total",
