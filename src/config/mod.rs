@@ -187,11 +187,12 @@ impl Default for DispatchSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DispatcherSettings {
-    /// The full endpoint URL, e.g. `https://accounts/api/v1/events`.
-    #[serde(default)]
+    /// The full endpoint URL, e.g. `https://accounts/api/v1/events`; its
+    /// password and secret-looking query values are masked when shown.
+    #[serde(default, serialize_with = "secret::serialize_url")]
     pub url: String,
     /// A list, or (from the environment) a comma-separated string.
     #[serde(default, deserialize_with = "string_list")]
@@ -204,6 +205,18 @@ pub struct DispatcherSettings {
     /// start-up into `headers`.
     #[serde(default)]
     pub header_files: BTreeMap<String, PathBuf>,
+}
+
+impl std::fmt::Debug for DispatcherSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DispatcherSettings")
+            .field("url", &secret::redact_url(&self.url))
+            .field("events", &self.events)
+            .field("timeout", &self.timeout)
+            .field("headers", &self.headers)
+            .field("header_files", &self.header_files)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -534,7 +547,7 @@ impl Settings {
                 Err(e) => {
                     return Err(ConfigError::key(
                         key("url"),
-                        format!("{:?} is not a URL: {e}", d.url),
+                        format!("{:?} is not a URL: {e}", secret::redact_url(&d.url)),
                     ))
                 }
             }
@@ -798,7 +811,13 @@ pub mod duration {
     }
 }
 
-/// A URL safe to show in an error message (password masked).
+/// A URL safe to show in an error message (password and secret-looking
+/// query values masked).
 pub fn secret_free_url(url: &str) -> String {
     secret::redact_url(url)
+}
+
+/// The credentials a URL carries, for masking wherever a receiver echoes them.
+pub fn url_secrets(url: &url::Url) -> Vec<String> {
+    secret::url_secrets(url)
 }

@@ -81,14 +81,64 @@ impl DatabaseUrl {
     }
 }
 
-/// Replaces the password of `scheme://user:password@host/…` by `***`.
+/// Whether a URL query parameter of this name can carry a credential
+/// (`?password=…` for sqlx, `?token=…`, `?api_key=…`, `?sig=…`).
+pub fn is_secret_query_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    [
+        "pass",
+        "pwd",
+        "secret",
+        "token",
+        "key",
+        "auth",
+        "sig",
+        "credential",
+    ]
+    .iter()
+    .any(|s| n.contains(s))
+}
+
+/// The values of `url` that are credentials: its password and the values
+/// of its secret-looking query parameters.
+pub fn url_secrets(url: &url::Url) -> Vec<String> {
+    let mut out: Vec<String> = url.password().map(str::to_owned).into_iter().collect();
+    out.extend(
+        url.query_pairs()
+            .filter(|(k, v)| is_secret_query_name(k) && !v.is_empty())
+            .map(|(_, v)| v.into_owned()),
+    );
+    out
+}
+
+/// Replaces the password of `scheme://user:password@host/…` and the values
+/// of secret-looking query parameters (`?password=…`, `?token=…`) by `***`.
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some(REDACTED));
+        Ok(mut u) => {
+            let secret_query = u.query_pairs().any(|(k, _)| is_secret_query_name(&k));
+            if u.password().is_none() && !secret_query {
+                return url.to_owned();
+            }
+            if u.password().is_some() {
+                let _ = u.set_password(Some(REDACTED));
+            }
+            if secret_query {
+                let pairs: Vec<(String, String)> = u
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if is_secret_query_name(&k) {
+                            REDACTED.to_owned()
+                        } else {
+                            v.into_owned()
+                        };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                u.query_pairs_mut().clear().extend_pairs(pairs);
+            }
             u.to_string()
         }
-        Ok(_) => url.to_owned(),
         // Unparseable: show the scheme only, the rest may hold a secret.
         Err(_) => match url.split_once(':') {
             Some((scheme, _)) => format!("{scheme}:{REDACTED}"),
@@ -121,12 +171,28 @@ impl<'de> Deserialize<'de> for DatabaseUrl {
     }
 }
 
-/// librdkafka properties that carry credentials.
+/// librdkafka properties that carry credentials, under their librdkafka
+/// name or as the environment gives it (`ssl_key_pem` for `ssl.key.pem`).
 pub fn is_sensitive_kafka_property(key: &str) -> bool {
-    let k = key.to_ascii_lowercase();
-    ["password", "secret", "jaas", "token", "key.pem", "private"]
-        .iter()
-        .any(|s| k.contains(s))
+    let k = key.to_ascii_lowercase().replace('_', ".");
+    [
+        "password",
+        "secret",
+        "jaas",
+        "token",
+        "key.pem",
+        "private",
+        // The unsecured-JWT settings: `principal=… extension_…=…`.
+        "oauthbearer.config",
+        "credentials",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
+}
+
+/// A dispatcher URL with its credentials masked, for `Serialize`.
+pub fn serialize_url<S: Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&redact_url(url))
 }
 
 pub fn serialize_kafka_properties<S: Serializer>(

@@ -413,3 +413,40 @@ fn header_names_with_dashes_from_the_environment() {
          too; header names are case-insensitive"
     );
 }
+
+/// Issue 17 item 8: the gaps in redaction, each shown nowhere.
+#[test]
+fn redaction_covers_env_property_names_oauth_query_passwords_and_dispatcher_urls() {
+    let s = Settings::from_toml(
+        Some(
+            "[database]\nurl = \"postgres://app@db:5432/app?sslmode=require&password=qpw-1\"\n\
+             [kafka.properties]\n\"sasl.oauthbearer.config\" = \"principal=svc clientSecret=oauth-2\"\n\
+             [dispatchers.a]\nurl = \"https://user:upw-3@a.example/hook?tenant=t1&token=utok-4\"\n\
+             events = [\"x\"]\n",
+        ),
+        env(&[("OUTBOX__KAFKA__PROPERTIES__SSL_KEY_PEM", "-----BEGIN pem-5")]),
+    )
+    .unwrap();
+    let shown = format!("{s:?}\n{}", s.redacted_toml());
+    for secret in ["qpw-1", "oauth-2", "upw-3", "utok-4", "pem-5"] {
+        assert!(!shown.contains(secret), "{secret} shown:\n{shown}");
+    }
+    // What is not a credential stays readable.
+    for visible in ["sslmode=require", "tenant=t1", "a.example/hook", "user:"] {
+        assert!(shown.contains(visible), "{visible} hidden:\n{shown}");
+    }
+    let url = url::Url::parse(&s.dispatchers["a"].url).unwrap();
+    assert_eq!(url_secrets(&url), ["upw-3", "utok-4"]);
+    // An unparseable dispatcher URL is refused without quoting its secret.
+    let e = Settings::from_toml(
+        Some(
+            "[database]\nurl = \"sqlite::memory:\"\n\
+             [dispatchers.a]\nurl = \"https://user:upw-6@[bad/hook\"\nevents = [\"x\"]\n",
+        ),
+        BTreeMap::new(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("dispatchers.a.url"), "{e}");
+    assert!(!e.contains("upw-6"), "{e}");
+}

@@ -44,7 +44,7 @@ impl std::fmt::Debug for Dispatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dispatcher")
             .field("name", &self.name)
-            .field("url", &self.url.as_str())
+            .field("url", &crate::config::secret_free_url(self.url.as_str()))
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
@@ -56,8 +56,10 @@ impl Dispatcher {
             name: name.to_owned(),
             message,
         };
-        let url = reqwest::Url::parse(&settings.url)
-            .map_err(|e| invalid(format!("url {:?}: {e}", settings.url)))?;
+        let url = reqwest::Url::parse(&settings.url).map_err(|e| {
+            let shown = crate::config::secret_free_url(&settings.url);
+            invalid(format!("url {shown:?}: {e}"))
+        })?;
         let mut headers = HeaderMap::new();
         for (k, v) in &settings.headers {
             let name = HeaderName::from_bytes(k.as_bytes())
@@ -71,6 +73,7 @@ impl Dispatcher {
             .headers
             .values()
             .map(|v| v.expose().to_owned())
+            .chain(crate::config::url_secrets(&url))
             .filter(|v| !v.is_empty())
             .collect();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

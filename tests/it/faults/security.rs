@@ -111,7 +111,23 @@ const DB_PASSWORD: &str = "db-password-fault-321";
 const ADMIN_TOKEN: &str = "admin-token-fault-654-0123456789";
 const HEADER_SECRET: &str = "header-secret-fault-987";
 const REFUSED_SECRET: &str = "refused-secret-fault-111";
-const SECRETS: [&str; 4] = [DB_PASSWORD, ADMIN_TOKEN, HEADER_SECRET, REFUSED_SECRET];
+// Issue 17 item 8: the gaps.
+const KAFKA_KEY_PEM: &str = "kafka-key-pem-fault-222";
+const OAUTH_CONFIG: &str = "oauth-config-fault-333";
+const DB_QUERY_PASSWORD: &str = "db-query-password-fault-444";
+const URL_PASSWORD: &str = "url-password-fault-555";
+const URL_TOKEN: &str = "url-token-fault-666";
+const SECRETS: [&str; 9] = [
+    DB_PASSWORD,
+    ADMIN_TOKEN,
+    HEADER_SECRET,
+    REFUSED_SECRET,
+    KAFKA_KEY_PEM,
+    OAUTH_CONFIG,
+    DB_QUERY_PASSWORD,
+    URL_PASSWORD,
+    URL_TOKEN,
+];
 
 fn assert_no_secret(what: &str, text: &str) {
     for s in SECRETS {
@@ -134,7 +150,10 @@ async fn planted_secrets_stay_out_of_logs_last_error_metrics_and_errors() {
     let port = free_port();
     let api_port = free_port();
     let closed = free_port();
-    let db_url = with_password(&t.db.url, DB_PASSWORD);
+    let db_url = with_query_password(&with_password(&t.db.url, DB_PASSWORD));
+    // Credentials in the dispatchers' URLs: userinfo and a query token.
+    let accounts_url = url_with_credentials(&t.receiver.url());
+    let refused_url = url_with_credentials(&format!("http://127.0.0.1:{closed}/api/v1/events"));
     let config = |db_url: &str| {
         format!(
             r#"
@@ -147,13 +166,15 @@ topic = "{topic}"
 group_id = "{group}"
 [dispatch]
 retry_delay = "200ms"
+[kafka.properties]
+"sasl.oauthbearer.config" = "principal=outbox extension_secret={OAUTH_CONFIG}"
 [dispatchers.accounts]
-url = "{url}"
+url = "{accounts_url}"
 events = ["accounts.purchase_create", "accounts.installment_paid", "accounts.installment_overdue"]
 [dispatchers.accounts.headers]
 Authorization = "Bearer {HEADER_SECRET}"
 [dispatchers.refused]
-url = "http://127.0.0.1:{closed}/api/v1/events"
+url = "{refused_url}"
 events = ["test.refused"]
 [dispatchers.refused.headers]
 X-Api-Key = "{REFUSED_SECRET}"
@@ -168,15 +189,18 @@ level = "debug"
             brokers = t.kafka.brokers,
             topic = t.topic,
             group = t.group,
-            url = t.receiver.url(),
         )
     };
     let path = dir.path().join("sidecar.toml");
     std::fs::write(&path, config(&db_url)).unwrap();
     let log_path = dir.path().join("stderr.log");
+    // From the environment the property's name has underscores, which the
+    // `key.pem` rule did not match.
+    let key_pem = format!("-----BEGIN PRIVATE KEY-----{KAFKA_KEY_PEM}");
     let mut child = crate::cli::bin()
         .args(["run", "--config"])
         .arg(&path)
+        .env("OUTBOX__KAFKA__PROPERTIES__SSL_KEY_PEM", &key_pem)
         .env("RUST_LOG", "debug")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path).unwrap())
@@ -250,6 +274,19 @@ level = "debug"
     assert!(log.contains("HTTP 500"), "the failures are logged");
     assert_no_secret("the logs", &log);
 
+    // `outbox-sidecar config`: the effective settings, every secret masked.
+    let shown = crate::cli::bin()
+        .arg("--config")
+        .arg(&path)
+        .arg("config")
+        .env("OUTBOX__KAFKA__PROPERTIES__SSL_KEY_PEM", &key_pem)
+        .output()
+        .unwrap();
+    assert_eq!(shown.status.code(), Some(0));
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("[dispatchers.refused]"), "{shown}");
+    assert_no_secret("the output of `config`", &shown);
+
     // Error output: the same configuration with an unreachable database.
     let unreachable = with_password(
         &format!("postgres://app@127.0.0.1:{closed}/app"),
@@ -290,6 +327,23 @@ level = "debug"
     spec.faults = 5 + outputs;
     spec.elsewhere = vec!["test.refused"];
     check(&t, &spec).await;
+}
+
+/// `url` with a `?password=` query parameter too (sqlx reads it).
+fn with_query_password(url: &str) -> String {
+    let mut u = url::Url::parse(url).expect("database url");
+    u.query_pairs_mut()
+        .append_pair("password", DB_QUERY_PASSWORD);
+    u.to_string()
+}
+
+/// A receiver URL with a user and password and a `?token=` parameter.
+fn url_with_credentials(url: &str) -> String {
+    let mut u = url::Url::parse(url).expect("receiver url");
+    u.set_username("outbox").unwrap();
+    u.set_password(Some(URL_PASSWORD)).unwrap();
+    u.query_pairs_mut().append_pair("token", URL_TOKEN);
+    u.to_string()
 }
 
 /// `url` with `password` set (trust authentication ignores it).
