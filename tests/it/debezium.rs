@@ -14,6 +14,7 @@
 
 mod bridge;
 mod load;
+mod race;
 mod shapes;
 mod table;
 
