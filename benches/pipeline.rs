@@ -582,7 +582,7 @@ level = "error"
 }
 
 async fn open_store(url: &str, table: &str, pool: u32) -> Result<Store> {
-    let store = Store::connect(url, table, 3, pool, Duration::from_secs(10)).await?;
+    let store = Store::connect(url, table, pool, Duration::from_secs(10)).await?;
     store.migrate().await?;
     Ok(store)
 }

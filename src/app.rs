@@ -65,6 +65,7 @@ impl App {
             registry,
             metrics.clone(),
             settings.dispatch.retry_delay,
+            settings.dispatch.max_attempts,
             settings.dispatch.max_in_flight,
         ));
         let pipeline = Pipeline::new(

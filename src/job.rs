@@ -65,10 +65,11 @@ impl JobContext {
         registry: Registry,
         metrics: Metrics,
         retry_delay: Duration,
+        max_attempts: i32,
         max_in_flight: usize,
     ) -> Self {
         JobContext {
-            status_writer: StatusWriter::spawn(store.clone()),
+            status_writer: StatusWriter::spawn(store.clone(), max_attempts),
             store,
             registry,
             metrics,

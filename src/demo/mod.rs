@@ -151,8 +151,7 @@ async fn run(args: &DemoArgs, sqlite_path: &std::path::Path) -> Result<i32, Demo
         .database_url
         .clone()
         .unwrap_or_else(|| format!("sqlite:{}?mode=rwc", sqlite_path.display()));
-    let store =
-        Store::connect(&db_url, entity::DEFAULT_TABLE, 3, 4, Duration::from_secs(5)).await?;
+    let store = Store::connect(&db_url, entity::DEFAULT_TABLE, 4, Duration::from_secs(5)).await?;
     store.migrate().await?;
     if args.database_url.is_some() && !store.list(&Default::default()).await?.is_empty() {
         return Err(DemoError::Other(

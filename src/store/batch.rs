@@ -88,9 +88,10 @@ pub struct StatusWriter {
 
 impl StatusWriter {
     /// Starts the writer task; it ends when every handle is dropped.
-    pub fn spawn(store: Store) -> StatusWriter {
+    /// `max_attempts`: the failure that reaches it makes a row `failed`.
+    pub fn spawn(store: Store, max_attempts: i32) -> StatusWriter {
         let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
-        tokio::spawn(run(store, rx));
+        tokio::spawn(run(store, max_attempts, rx));
         StatusWriter { tx }
     }
 
@@ -132,7 +133,7 @@ impl StatusWriter {
     }
 }
 
-async fn run(store: Store, mut rx: mpsc::Receiver<Request>) {
+async fn run(store: Store, max_attempts: i32, mut rx: mpsc::Receiver<Request>) {
     let statements = Arc::new(Semaphore::new(CONCURRENT_STATEMENTS));
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -155,7 +156,7 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Request>) {
             // no keepalive) would hold these jobs for ever: past the
             // deadline the batch is dropped, each job gets an error and
             // writes again (finding its own write if it did commit).
-            if tokio::time::timeout(STATEMENT_DEADLINE, write_batch(&store, batch))
+            if tokio::time::timeout(STATEMENT_DEADLINE, write_batch(&store, max_attempts, batch))
                 .await
                 .is_err()
             {
@@ -166,7 +167,7 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Request>) {
     }
 }
 
-async fn write_batch(store: &Store, batch: Vec<Request>) {
+async fn write_batch(store: &Store, max_attempts: i32, batch: Vec<Request>) {
     let (mut keys, mut sent_replies) = (Vec::new(), Vec::new());
     let (mut failures, mut failure_replies) = (Vec::new(), Vec::new());
     for request in batch {
@@ -197,11 +198,13 @@ async fn write_batch(store: &Store, batch: Vec<Request>) {
         }
     }
     if !failures.is_empty() {
-        let result = register_failure_many(store, &failures).await;
+        let result = register_failure_many(store, &failures, max_attempts).await;
         if refused_batch(&result, failures.len()) {
             for (failure, reply) in failures.into_iter().zip(failure_replies) {
                 let id = failure.seen.id;
-                let result = register_failure_many(store, std::slice::from_ref(&failure)).await;
+                let result =
+                    register_failure_many(store, std::slice::from_ref(&failure), max_attempts)
+                        .await;
                 answer(std::iter::once(id), vec![reply], result, Outcome::NotFound);
             }
         } else {
@@ -380,11 +383,17 @@ pub async fn mark_sent_many(store: &Store, keys: &[Key]) -> Result<HashMap<i64, 
 pub async fn register_failure_many(
     store: &Store,
     failures: &[Failure],
+    max_attempts: i32,
 ) -> Result<HashMap<i64, Outcome>, StoreError> {
     let now = now();
     let nexts: HashMap<i64, OutboxEventRow> = failures
         .iter()
-        .map(|f| (f.seen.id, store.after_failure(&f.seen, &f.error, now)))
+        .map(|f| {
+            (
+                f.seen.id,
+                store.after_failure(&f.seen, &f.error, now, max_attempts),
+            )
+        })
         .collect();
     let ids: Vec<i64> = failures.iter().map(|f| f.seen.id).collect();
     let applied = if store.backend() == DbBackend::Postgres {

@@ -169,7 +169,6 @@ pub struct TableStats {
 pub struct Store {
     db: DatabaseConnection,
     table: String,
-    max_attempts: i32,
     /// The `last_error` column's length in characters, when it has one
     /// (a Rails `string` column is `varchar(255)`): errors are cut to it,
     /// or a strict-mode MySQL refuses the whole write.
@@ -213,7 +212,6 @@ impl Store {
     pub async fn connect(
         url: &str,
         table: &str,
-        max_attempts: i32,
         max_connections: u32,
         connect_timeout: Duration,
     ) -> Result<Self, StoreError> {
@@ -229,7 +227,7 @@ impl Store {
                 url: crate::config::secret_free_url(url),
                 message: e.to_string(),
             })?;
-        let mut store = Self::new(db, table, max_attempts);
+        let mut store = Self::new(db, table);
         store.learn_columns().await;
         Ok(store)
     }
@@ -239,18 +237,16 @@ impl Store {
         Self::connect(
             settings.database_url(),
             &settings.database.table,
-            settings.dispatch.max_attempts,
             settings.database.max_connections,
             settings.database.connect_timeout,
         )
         .await
     }
 
-    pub fn new(db: DatabaseConnection, table: &str, max_attempts: i32) -> Self {
+    pub fn new(db: DatabaseConnection, table: &str) -> Self {
         Self {
             db,
             table: table.to_owned(),
-            max_attempts,
             last_error_chars: None,
         }
     }
@@ -299,10 +295,6 @@ impl Store {
 
     pub fn table(&self) -> &str {
         &self.table
-    }
-
-    pub fn max_attempts(&self) -> i32 {
-        self.max_attempts
     }
 
     pub(crate) fn backend(&self) -> DbBackend {
@@ -498,8 +490,9 @@ impl Store {
         &self,
         seen: &OutboxEventRow,
         error: &str,
+        max_attempts: i32,
     ) -> Result<Outcome, StoreError> {
-        let next = self.after_failure(seen, error, now());
+        let next = self.after_failure(seen, error, now(), max_attempts);
         let values = failure_values(&next);
         self.step(seen, next, values, "registering a failure").await
     }
@@ -510,8 +503,9 @@ impl Store {
         seen: &OutboxEventRow,
         error: &str,
         now: NaiveDateTime,
+        max_attempts: i32,
     ) -> OutboxEventRow {
-        transition::after_failure(seen, self.truncate_error(error), now, self.max_attempts)
+        transition::after_failure(seen, self.truncate_error(error), now, max_attempts)
     }
 
     /// One transition of a pending row: `values` are written only while the

@@ -83,14 +83,14 @@ async fn migrate_twice_then_over_an_existing_rails_table() {
 #[tokio::test]
 async fn events_retry_exit_codes_and_messages() {
     let db = TestDb::postgres().await;
-    let store = db.store(1).await;
+    let store = db.store().await;
     let failed_id = store
         .insert("accounts.purchase_create", &json!({}))
         .await
         .unwrap();
     let row = store.get(failed_id).await.unwrap().unwrap();
     assert!(matches!(
-        store.register_failure(&row, "HTTP 500").await.unwrap(),
+        store.register_failure(&row, "HTTP 500", 1).await.unwrap(),
         Outcome::Applied(_)
     ));
     let sent_id = store
@@ -246,7 +246,7 @@ fn an_unreadable_secret_file_is_a_usage_error_naming_the_key() {
 #[tokio::test]
 async fn filtered_resend_dry_run_and_retrigger() {
     let db = TestDb::postgres().await;
-    let store = db.store(1).await;
+    let store = db.store().await;
     let mut failed = Vec::new();
     for error in [
         "HTTP 503: down",
@@ -258,7 +258,7 @@ async fn filtered_resend_dry_run_and_retrigger() {
             .await
             .unwrap();
         let row = store.get(id).await.unwrap().unwrap();
-        store.register_failure(&row, error).await.unwrap();
+        store.register_failure(&row, error, 1).await.unwrap();
         failed.push(id);
     }
     let pending = store

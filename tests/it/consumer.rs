@@ -380,3 +380,60 @@ async fn an_offset_out_of_range_is_counted() {
         .await;
     t.stop().await;
 }
+
+/// A job waiting out `retry_delay` whose row another writer moved on (the
+/// partition's next owner sent it while this member was cut off) does not
+/// send it again: it re-reads the row before every later attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_rereads_its_row_after_the_retry_wait_and_sends_nothing_stale() {
+    use crate::harness::{prepare_on, Kafka, Receiver};
+    use wiremock::ResponseTemplate;
+    let receiver = Receiver::start(|r: &crate::harness::receiver::Received| {
+        if r.nth == 0 {
+            ResponseTemplate::new(503)
+        } else {
+            ResponseTemplate::new(204)
+        }
+    })
+    .await;
+    let mut t = prepare_on(
+        Kafka::start(),
+        Options {
+            partitions: 1,
+            retry_delay: "2s",
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    t.start().await;
+    let id = t.insert("accounts.purchase_create", json!({"n": 1})).await;
+    // The first attempt failed: the job waits 2 s for the next one.
+    eventually("the first attempt", Duration::from_secs(20), || async {
+        (t.row(id).await.attempts == 1).then_some(())
+    })
+    .await;
+    // Meanwhile the next owner sent it, and no change event reaches us.
+    let conn = sea_orm::Database::connect(&t.db.url)
+        .await
+        .expect("connect");
+    let txn = conn.begin().await.expect("begin");
+    txn.execute_unprepared("SET LOCAL session_replication_role = replica")
+        .await
+        .unwrap();
+    txn.execute_unprepared(&format!(
+        "UPDATE outbox_events SET status = 'sent', sent_at = now(), updated_at = now() WHERE id = {id}"
+    ))
+    .await
+    .unwrap();
+    txn.commit().await.unwrap();
+    // The job's wait ends; it ends without a request, its message finished.
+    t.wait_all_committed(&t.group, Duration::from_secs(20))
+        .await;
+    assert_eq!(
+        t.receiver.for_id(id).len(),
+        1,
+        "no request after the row was sent elsewhere"
+    );
+    t.stop().await;
+}

@@ -300,11 +300,10 @@ impl TestDb {
     }
 
     /// A store on this database with the table migrated.
-    pub async fn store(&self, max_attempts: i32) -> Store {
+    pub async fn store(&self) -> Store {
         let store = Store::connect(
             &self.url,
             "outbox_events",
-            max_attempts,
             5,
             std::time::Duration::from_secs(5),
         )

@@ -63,7 +63,7 @@ pub async fn prepare(mut opts: Options, receiver: Receiver) -> Dbz {
     opts.partitions = partitions;
     let kafka = Kafka::start();
     let db = TestDb::postgres().await;
-    let store = db.store(opts.max_attempts).await;
+    let store = db.store().await;
     let topic = unique("dbz");
     let group = unique("sidecar");
     kafka.create_topic(&topic, partitions).await;

@@ -476,7 +476,7 @@ async fn liveness_fails_when_the_consumer_loop_stops_turning() {
     let db = crate::db::TestDb::postgres().await;
     let health = Arc::new(ConsumerHealth::default());
     let state = AdminState {
-        store: db.store(3).await,
+        store: db.store().await,
         metrics: outbox_sidecar::metrics::Metrics::new(),
         health: health.clone(),
         token: None,

@@ -27,13 +27,13 @@ fn applied(o: Outcome) -> OutboxEventRow {
     }
 }
 
-/// Drives a fresh row to `attempts` failures.
-async fn with_attempts(store: &Store, attempts: i32) -> OutboxEventRow {
+/// Drives a fresh row to `attempts` failures (of `max`).
+async fn with_attempts(store: &Store, attempts: i32, max: i32) -> OutboxEventRow {
     let mut row = pending(store).await;
     for i in 0..attempts {
         row = applied(
             store
-                .register_failure(&row, &format!("HTTP 503: try {i}"))
+                .register_failure(&row, &format!("HTTP 503: try {i}"), max)
                 .await
                 .unwrap(),
         );
@@ -43,9 +43,9 @@ async fn with_attempts(store: &Store, attempts: i32) -> OutboxEventRow {
 
 async fn success_from_any_attempts(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let store = db.store(3).await;
+    let store = db.store().await;
     for attempts in 0..=2 {
-        let row = with_attempts(&store, attempts).await;
+        let row = with_attempts(&store, attempts, 3).await;
         let sent = applied(store.mark_sent(&row).await.unwrap());
         let stored = store.get(row.id).await.unwrap().unwrap();
         assert_eq!(stored, sent, "the returned state is the stored state");
@@ -61,12 +61,12 @@ async fn success_from_any_attempts(backend: Backend) {
 
 async fn failure_below_max_stays_pending(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let store = db.store(3).await;
+    let store = db.store().await;
     for before in 0..=1 {
-        let row = with_attempts(&store, before).await;
+        let row = with_attempts(&store, before, 3).await;
         let after = applied(
             store
-                .register_failure(&row, "HTTP 422: company_not_found")
+                .register_failure(&row, "HTTP 422: company_not_found", 3)
                 .await
                 .unwrap(),
         );
@@ -84,11 +84,11 @@ async fn failure_below_max_stays_pending(backend: Backend) {
 
 async fn third_failure_fails(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let store = db.store(3).await;
-    let row = with_attempts(&store, 2).await;
+    let store = db.store().await;
+    let row = with_attempts(&store, 2, 3).await;
     let after = applied(
         store
-            .register_failure(&row, "timeout after 10s")
+            .register_failure(&row, "timeout after 10s", 3)
             .await
             .unwrap(),
     );
@@ -98,7 +98,7 @@ async fn third_failure_fails(backend: Backend) {
     assert_eq!(stored, after);
     // No step applies to a failed row: attempts never pass max_attempts.
     assert!(
-        matches!(store.register_failure(&stored, "again").await.unwrap(), Outcome::Conflict(r) if r.attempts == 3)
+        matches!(store.register_failure(&stored, "again", 3).await.unwrap(), Outcome::Conflict(r) if r.attempts == 3)
     );
     assert!(
         matches!(store.mark_sent(&stored).await.unwrap(), Outcome::Conflict(r) if r.status == Status::Failed)
@@ -107,16 +107,16 @@ async fn third_failure_fails(backend: Backend) {
 
 async fn max_attempts_from_configuration(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let store = db.store(1).await;
+    let store = db.store().await;
     let row = pending(&store).await;
-    let after = applied(store.register_failure(&row, "boom").await.unwrap());
+    let after = applied(store.register_failure(&row, "boom", 1).await.unwrap());
     assert_eq!((after.status, after.attempts), (Status::Failed, 1));
 }
 
 async fn resend_of_failed(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let store = db.store(3).await;
-    let failed = with_attempts(&store, 3).await;
+    let store = db.store().await;
+    let failed = with_attempts(&store, 3, 3).await;
     assert_eq!(failed.status, Status::Failed);
     let resent = store
         .retry(failed.id)
@@ -127,14 +127,19 @@ async fn resend_of_failed(backend: Backend) {
     assert_eq!(resent.attempts, 0);
     assert_eq!(resent.last_error, None);
     // The three attempts start over from zero.
-    let again = applied(store.register_failure(&resent, "HTTP 500").await.unwrap());
+    let again = applied(
+        store
+            .register_failure(&resent, "HTTP 500", 3)
+            .await
+            .unwrap(),
+    );
     assert_eq!((again.status, again.attempts), (Status::Pending, 1));
 }
 
 async fn resend_of_pending_or_sent_refused(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let store = db.store(3).await;
-    let p = with_attempts(&store, 1).await;
+    let store = db.store().await;
+    let p = with_attempts(&store, 1, 3).await;
     assert_eq!(
         store.retry(p.id).await.unwrap(),
         Err(RetryRefused::NotFailed {
@@ -162,12 +167,12 @@ async fn resend_of_pending_or_sent_refused(backend: Backend) {
 
 async fn stale_step_is_a_conflict(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let store = db.store(3).await;
+    let store = db.store().await;
     let row = pending(&store).await;
     // Two writers computed their step from the same state; exactly one applies.
     let (a, b) = tokio::join!(
-        store.register_failure(&row, "writer a"),
-        store.register_failure(&row, "writer b")
+        store.register_failure(&row, "writer a", 3),
+        store.register_failure(&row, "writer b", 3)
     );
     let outcomes = [a.unwrap(), b.unwrap()];
     let applied_n = outcomes
@@ -205,10 +210,10 @@ async fn stale_step_is_a_conflict(backend: Backend) {
 
 async fn last_error_is_short(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let store = db.store(3).await;
+    let store = db.store().await;
     let row = pending(&store).await;
     let long = "é".repeat(2000); // 4000 bytes, 2-byte chars
-    let after = applied(store.register_failure(&row, &long).await.unwrap());
+    let after = applied(store.register_failure(&row, &long, 3).await.unwrap());
     let stored = store.get(row.id).await.unwrap().unwrap();
     let err = stored.last_error.unwrap();
     assert!(err.len() <= MAX_LAST_ERROR_BYTES, "{} bytes", err.len());
@@ -218,15 +223,15 @@ async fn last_error_is_short(backend: Backend) {
 
 async fn list_and_bulk_resend(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let store = db.store(1).await;
-    let a = with_attempts(&store, 1).await;
-    let b = with_attempts(&store, 1).await;
+    let store = db.store().await;
+    let a = with_attempts(&store, 1, 1).await;
+    let b = with_attempts(&store, 1, 1).await;
     let id = store
         .insert("accounts.installment_paid", &json!({}))
         .await
         .unwrap();
     let c = store.get(id).await.unwrap().unwrap();
-    let c = applied(store.register_failure(&c, "x").await.unwrap());
+    let c = applied(store.register_failure(&c, "x", 1).await.unwrap());
     let _p = pending(&store).await;
     let filter = |status, name: Option<&str>| outbox_sidecar::store::ListFilter {
         status,
@@ -269,11 +274,11 @@ async fn list_and_bulk_resend(backend: Backend) {
 async fn retrigger_touches_only_pending_rows(backend: Backend) {
     use outbox_sidecar::store::RetriggerFilter;
     let db = TestDb::new(backend).await;
-    let store = db.store(3).await;
+    let store = db.store().await;
     let old_pending = pending(&store).await;
-    let retried = with_attempts(&store, 1).await;
+    let retried = with_attempts(&store, 1, 3).await;
     let sent = applied(store.mark_sent(&pending(&store).await).await.unwrap());
-    let failed = with_attempts(&store, 3).await;
+    let failed = with_attempts(&store, 3, 3).await;
     let mut other = pending(&store).await;
     store
         .connection()
@@ -334,12 +339,12 @@ async fn retrigger_touches_only_pending_rows(backend: Backend) {
 async fn filtered_resend_of_failed(backend: Backend) {
     use outbox_sidecar::store::FailedFilter;
     let db = TestDb::new(backend).await;
-    let store = db.store(1).await;
+    let store = db.store().await;
     let fail = |error: &'static str| {
         let store = store.clone();
         async move {
             let row = pending(&store).await;
-            applied(store.register_failure(&row, error).await.unwrap())
+            applied(store.register_failure(&row, error, 1).await.unwrap())
         }
     };
     let a = fail("HTTP 503: accounts temporarily unavailable").await;
@@ -402,8 +407,8 @@ async fn filtered_resend_of_failed(backend: Backend) {
 
 async fn migration_is_idempotent_and_keeps_rows(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let store = db.store(3).await;
-    let row = with_attempts(&store, 2).await;
+    let store = db.store().await;
+    let row = with_attempts(&store, 2, 3).await;
     store.migrate().await.expect("second migrate");
     store.migrate().await.expect("third migrate");
     assert_eq!(store.get(row.id).await.unwrap().unwrap(), row);
@@ -442,11 +447,11 @@ mod batched {
 
     async fn applies_and_reports_conflicts(backend: Backend) {
         let db = TestDb::new(backend).await;
-        let store = db.store(3).await;
+        let store = db.store().await;
         let fresh = pending(&store).await;
-        let retried = with_attempts(&store, 1).await;
+        let retried = with_attempts(&store, 1, 3).await;
         let stale = pending(&store).await;
-        let moved_on = applied(store.register_failure(&stale, "HTTP 500").await.unwrap());
+        let moved_on = applied(store.register_failure(&stale, "HTTP 500", 3).await.unwrap());
         let mut ghost = fresh.clone();
         ghost.id = 777_777;
         let keys: Vec<Key> = [&fresh, &retried, &stale, &ghost]
@@ -480,8 +485,8 @@ mod batched {
 
     async fn writer_batches_concurrent_jobs(backend: Backend) {
         let db = TestDb::new(backend).await;
-        let store = db.store(3).await;
-        let writer = StatusWriter::spawn(store.clone());
+        let store = db.store().await;
+        let writer = StatusWriter::spawn(store.clone(), 3);
         let mut rows = Vec::new();
         for _ in 0..40 {
             rows.push(pending(&store).await);
@@ -506,11 +511,11 @@ mod batched {
 
     async fn failures_apply_and_report_conflicts(backend: Backend) {
         let db = TestDb::new(backend).await;
-        let store = db.store(3).await;
+        let store = db.store().await;
         let fresh = pending(&store).await;
-        let last_try = with_attempts(&store, 2).await;
+        let last_try = with_attempts(&store, 2, 3).await;
         let stale = pending(&store).await;
-        let moved_on = applied(store.register_failure(&stale, "HTTP 500").await.unwrap());
+        let moved_on = applied(store.register_failure(&stale, "HTTP 500", 3).await.unwrap());
         let mut ghost = fresh.clone();
         ghost.id = 888_888;
         let long = "é".repeat(2000);
@@ -526,7 +531,7 @@ mod batched {
             error: error.to_owned(),
         })
         .collect();
-        let outcomes = register_failure_many(&store, &failures).await.unwrap();
+        let outcomes = register_failure_many(&store, &failures, 3).await.unwrap();
 
         let stored = store.get(fresh.id).await.unwrap().unwrap();
         assert_eq!(outcomes[&fresh.id], Outcome::Applied(stored.clone()));
@@ -557,7 +562,7 @@ mod batched {
             seen: fresh_again.clone(),
             error: "HTTP 504".into(),
         }];
-        let outcomes = register_failure_many(&store, &one).await.unwrap();
+        let outcomes = register_failure_many(&store, &one, 3).await.unwrap();
         let stored = store.get(fresh.id).await.unwrap().unwrap();
         assert_eq!(outcomes[&fresh.id], Outcome::Applied(stored.clone()));
         assert_eq!((stored.attempts, stored.status), (2, Status::Pending));
@@ -565,8 +570,8 @@ mod batched {
 
     async fn writer_batches_failures_and_successes(backend: Backend) {
         let db = TestDb::new(backend).await;
-        let store = db.store(3).await;
-        let writer = StatusWriter::spawn(store.clone());
+        let store = db.store().await;
+        let writer = StatusWriter::spawn(store.clone(), 3);
         let mut rows = Vec::new();
         for _ in 0..30 {
             rows.push(pending(&store).await);
@@ -681,24 +686,24 @@ mod refused {
     /// PostgreSQL refuse a longer value (1406 / 22001).
     async fn last_error_fits_a_varchar_255(backend: Backend) {
         let db = TestDb::new(backend).await;
-        let store = db.store(3).await;
+        let store = db.store().await;
         let sql = match backend {
             Backend::MySql => "ALTER TABLE outbox_events MODIFY last_error varchar(255) NULL",
             _ => "ALTER TABLE outbox_events ALTER COLUMN last_error TYPE varchar(255)",
         };
         store.connection().execute_unprepared(sql).await.unwrap();
         // Connecting learns the column's length.
-        let store = db.store(3).await;
+        let store = db.store().await;
         let row = pending(&store).await;
         let error = format!("HTTP 500: {}", "é".repeat(300));
-        let next = applied(store.register_failure(&row, &error).await.unwrap());
+        let next = applied(store.register_failure(&row, &error, 3).await.unwrap());
         let stored = store.get(row.id).await.unwrap().unwrap();
         assert_eq!(stored, next);
         let err = stored.last_error.clone().unwrap();
         assert_eq!(err.chars().count(), 255, "{err}");
         assert!(err.starts_with("HTTP 500: éé") && err.ends_with('…'));
         // Batched the same way.
-        let writer = StatusWriter::spawn(store.clone());
+        let writer = StatusWriter::spawn(store.clone(), 3);
         let next = applied(writer.register_failure(&stored, &error).await.unwrap());
         assert_eq!(next.last_error.unwrap().chars().count(), 255);
     }
@@ -716,7 +721,7 @@ mod refused {
     #[tokio::test]
     async fn a_refused_row_does_not_fail_the_rows_batched_with_it() {
         let db = TestDb::postgres().await;
-        let store = db.store(3).await;
+        let store = db.store().await;
         store
             .connection()
             .execute_unprepared(
@@ -728,7 +733,7 @@ mod refused {
         let poison = pending(&store).await;
         let fine = pending(&store).await;
         let sent = pending(&store).await;
-        let writer = StatusWriter::spawn(store.clone());
+        let writer = StatusWriter::spawn(store.clone(), 3);
         // Polled together: they reach the writer within one batch window.
         let (refused, failed, marked) = tokio::join!(
             writer.register_failure(&poison, "HTTP 500: poison"),

@@ -252,7 +252,7 @@ pub async fn prepare_on(kafka: Kafka, opts: Options, receiver: Receiver) -> Test
         outbox_sidecar::telemetry::init_logging(&Default::default());
     }
     let db = TestDb::postgres().await;
-    let store = db.store(opts.max_attempts).await;
+    let store = db.store().await;
     let topic = unique("outbox");
     let group = unique("sidecar");
     kafka.create_topic(&topic, opts.partitions).await;
