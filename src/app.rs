@@ -27,6 +27,8 @@ pub enum AppError {
     Consumer(#[from] crate::consumer::ConsumerError),
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Table(#[from] crate::store::TableError),
     #[error("cannot listen on {addr} ({key}): {source}")]
     Listen {
         key: &'static str,
@@ -51,6 +53,7 @@ impl App {
         settings.validate_for_run()?;
         let metrics = Metrics::new();
         let store = Store::open(&settings).await?;
+        store.check_table().await?;
         let registry = Registry::from_settings(&settings.dispatchers)?;
         metrics.register_event_names(registry.event_names());
         let (listener, admin_addr) = bind("admin.listen", settings.admin_listen()?).await?;

@@ -132,12 +132,21 @@ pub async fn migrate(settings: &Settings) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    match store.migrate().await {
+    if let Err(e) = store.migrate().await {
+        return fail(&e);
+    }
+    // An existing table (the application's) is left as it is: say whether
+    // the sidecar can work with it.
+    match store.check_table().await {
         Ok(()) => {
             println!("table {} is up to date", store.table());
             EXIT_OK
         }
-        Err(e) => fail(&e),
+        Err(crate::store::TableError::Store(e)) => fail(&e),
+        Err(e) => {
+            eprintln!("error: {e}");
+            EXIT_USAGE
+        }
     }
 }
 
@@ -341,7 +350,12 @@ pub async fn run_until_stopped(settings: Settings) -> i32 {
         Err(e) => {
             eprintln!("error: {e}");
             tracing::error!(error = %e, "start-up failed");
-            return EXIT_FAILED;
+            // What the operator must change (a setting, the table) is a
+            // usage error; an outage at start-up is a failure.
+            return match e {
+                crate::app::AppError::Config(_) | crate::app::AppError::Table(_) => EXIT_USAGE,
+                _ => EXIT_FAILED,
+            };
         }
     };
     let token = app.shutdown_token();

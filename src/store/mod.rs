@@ -7,6 +7,7 @@
 //! [`Outcome::Conflict`] with the state it found instead of a silent no-op.
 
 pub mod batch;
+pub mod shape;
 #[cfg(test)]
 mod tests;
 
@@ -174,6 +175,8 @@ pub struct Store {
     /// or a strict-mode MySQL refuses the whole write.
     last_error_chars: Option<usize>,
 }
+
+pub use shape::TableError;
 
 /// Now, in UTC, at the microsecond precision every backend stores, so the
 /// state computed here equals the state read back.

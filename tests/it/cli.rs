@@ -346,3 +346,124 @@ async fn filtered_resend_dry_run_and_retrigger() {
     let out = run(&db, &["events", "retrigger"]);
     assert_eq!(out.status.code(), Some(2), "ids or an age is required");
 }
+
+/// The application's table in the shapes Rails produces is accepted by
+/// `migrate` (and `run`); a shape the sidecar cannot work with is refused
+/// with one message naming the column, exit code 2, on PostgreSQL and
+/// MariaDB alike.
+async fn table_shapes(backend: crate::db::Backend) {
+    use crate::db::Backend;
+    let pg = backend == Backend::Postgres;
+    let (id, ts, json) = if pg {
+        ("id bigserial primary key", "timestamp(6)", "jsonb")
+    } else {
+        (
+            "id bigint auto_increment primary key",
+            "datetime(6)",
+            "json",
+        )
+    };
+    let table = |status: &str, id: &str, updated: &str, attempts: &str| {
+        format!(
+            "CREATE TABLE outbox_events ({id}, event_name varchar(255) not null, payload {json} not null, \
+             status {status} not null, attempts {attempts} not null default 0, last_error varchar(255), \
+             sent_at {ts}, created_at {ts} not null, updated_at {updated} not null)"
+        )
+    };
+    let refused: Vec<(String, &str)> = {
+        let mut v = vec![
+            (
+                table("integer", id, ts, "integer"),
+                "column outbox_events.status is ",
+            ),
+            (
+                table("varchar(255)", id, ts, "integer").replace(", last_error varchar(255)", ""),
+                "column outbox_events.last_error is missing",
+            ),
+        ];
+        if pg {
+            v.push((
+                table("varchar(255)", "id uuid primary key", ts, "integer"),
+                "a uuid primary key is not supported",
+            ));
+            v.push((
+                table("varchar(255)", id, "timestamptz", "integer"),
+                "column outbox_events.updated_at is timestamp with time zone: timestamptz is not supported yet",
+            ));
+        }
+        v
+    };
+    for (ddl, message) in refused {
+        let db = TestDb::new(backend).await;
+        let conn = sea_orm::Database::connect(&db.url).await.unwrap();
+        conn.execute_unprepared(&ddl).await.unwrap();
+        let out = run(&db, &["migrate"]);
+        assert_eq!(out.status.code(), Some(2), "{ddl}: {}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(
+            err.starts_with("error: ") && err.contains(message),
+            "{ddl}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "one message: {err}");
+    }
+    for ddl in [
+        table("varchar(255)", id, ts, "integer"),
+        table(
+            "text",
+            if pg {
+                "id integer generated always as identity primary key"
+            } else {
+                "id int auto_increment primary key"
+            },
+            ts,
+            "integer",
+        ),
+    ] {
+        let db = TestDb::new(backend).await;
+        let conn = sea_orm::Database::connect(&db.url).await.unwrap();
+        conn.execute_unprepared(&ddl).await.unwrap();
+        let out = run(&db, &["migrate"]);
+        assert_eq!(out.status.code(), Some(0), "{ddl}: {}", text(&out.stderr));
+    }
+}
+
+#[tokio::test]
+async fn table_shapes_postgres() {
+    table_shapes(crate::db::Backend::Postgres).await
+}
+
+#[tokio::test]
+async fn table_shapes_mariadb() {
+    table_shapes(crate::db::Backend::MySql).await
+}
+
+/// `run` refuses a table it cannot work with before it consumes anything.
+#[tokio::test]
+async fn run_refuses_an_unworkable_table_naming_the_column() {
+    let db = TestDb::postgres().await;
+    let conn = sea_orm::Database::connect(&db.url).await.unwrap();
+    conn.execute_unprepared(
+        "CREATE TABLE outbox_events (id uuid primary key, event_name text not null, payload jsonb not null, \
+         status text not null, attempts integer not null, last_error text, sent_at timestamp, \
+         created_at timestamp not null, updated_at timestamp not null)",
+    )
+    .await
+    .unwrap();
+    let out = bin()
+        .env("OUTBOX__DATABASE__URL", &db.url)
+        .env("OUTBOX__KAFKA__BROKERS", "127.0.0.1:1")
+        .env("OUTBOX__KAFKA__TOPIC", "outbox")
+        .env("OUTBOX__KAFKA__GROUP_ID", "sidecar")
+        .env("OUTBOX__ADMIN__LISTEN", "127.0.0.1:0")
+        .env("OUTBOX__ADMIN__API_LISTEN", "127.0.0.1:0")
+        .args(["run"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr)
+            .contains("column outbox_events.id is uuid: a uuid primary key is not supported"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -1,0 +1,263 @@
+//! The start-up check of the outbox table (`run` and `migrate`): the
+//! columns R-004 names exist with types the sidecar can read and write, or
+//! one message names the column, what it is and what is expected. A table
+//! the sidecar cannot work with is refused before anything is consumed,
+//! instead of every row reading as undecodable (and skipped) later.
+//!
+//! Accepted, as Rails and the sidecar's own migration create them:
+//!
+//! | column | PostgreSQL | MySQL / MariaDB |
+//! |---|---|---|
+//! | `id` | `bigint`, `integer` (bigserial, identity) | `bigint`, `int` |
+//! | `event_name`, `status`, `last_error` | `varchar[(n)]`, `text`, `char(n)` | `varchar(n)`, `text` kinds, `char(n)` |
+//! | `payload` | `jsonb`, `json` | `json` (MariaDB: `longtext`), `text` kinds |
+//! | `attempts` | `integer` | `int` |
+//! | `sent_at`, `created_at`, `updated_at` | `timestamp[(p)]` without time zone | `datetime[(p)]`, `timestamp` |
+//!
+//! Refused by name: a `uuid` (or any non-integer) id, an integer `status`
+//! (a Rails `enum`), and — not supported yet — `timestamptz` columns, a
+//! `text` payload and a `smallint`/`bigint` `attempts` on PostgreSQL (the
+//! row decoder reads exactly `timestamp`, `json(b)` and `integer` there).
+//! SQLite declares types loosely and is not checked beyond the columns'
+//! presence.
+
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+
+use super::{db_err, Store, StoreError};
+
+/// Why the table cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error(
+        "table {table:?} (database.table) does not exist: run `outbox-sidecar migrate`, or point \
+         database.table at the application's outbox table"
+    )]
+    Missing { table: String },
+    #[error("column {table}.{column} is missing: the sidecar needs {expected}")]
+    MissingColumn {
+        table: String,
+        column: &'static str,
+        expected: &'static str,
+    },
+    #[error("column {table}.{column} is {found}: {why}")]
+    WrongType {
+        table: String,
+        column: &'static str,
+        found: String,
+        why: String,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// One column as the catalogue describes it.
+#[derive(Debug, Clone)]
+pub struct ColumnInfo {
+    pub name: String,
+    /// Lower case, e.g. `character varying`, `timestamp without time zone`,
+    /// `varchar`, `datetime`.
+    pub data_type: String,
+}
+
+const STRINGS: &str = "a string column (varchar or text)";
+
+/// What each column must be on `backend`: `Ok` or why not.
+pub fn check_column(backend: DbBackend, column: &str, data_type: &str) -> Result<(), String> {
+    let t = data_type.to_ascii_lowercase();
+    let t = t.as_str();
+    let pg = backend == DbBackend::Postgres;
+    let is_int = |t: &str| {
+        matches!(
+            t,
+            "bigint" | "integer" | "int" | "int4" | "int8" | "mediumint" | "smallint" | "tinyint"
+        )
+    };
+    let is_string = |t: &str| {
+        matches!(
+            t,
+            "character varying"
+                | "varchar"
+                | "text"
+                | "character"
+                | "char"
+                | "tinytext"
+                | "mediumtext"
+                | "longtext"
+        )
+    };
+    match column {
+        "id" => match t {
+            "bigint" | "integer" | "int" => Ok(()),
+            "uuid" => Err("a uuid primary key is not supported: the sidecar needs an integer id \
+                 (Debezium's message key, the Idempotency-Key)"
+                .into()),
+            _ => Err("the sidecar needs an integer id (bigint or integer)".into()),
+        },
+        "event_name" | "status" | "last_error" => {
+            if is_string(t) {
+                Ok(())
+            } else if column == "status" && is_int(t) {
+                Err("an integer status (a Rails enum) is not supported: the sidecar reads and \
+                     writes the strings pending, sent and failed"
+                    .into())
+            } else {
+                Err(format!("the sidecar needs {STRINGS}"))
+            }
+        }
+        "payload" => match t {
+            "jsonb" | "json" => Ok(()),
+            "text" | "longtext" | "mediumtext" if !pg => Ok(()),
+            "text" | "character varying" if pg => Err(
+                "a text payload is not supported on PostgreSQL yet: the sidecar reads json or jsonb"
+                    .into(),
+            ),
+            _ => Err("the sidecar needs json or jsonb (MySQL: json or text)".into()),
+        },
+        "attempts" => match t {
+            "integer" | "int" => Ok(()),
+            "smallint" | "bigint" | "tinyint" | "mediumint" => Err(
+                "the sidecar reads attempts as a 32-bit integer: use integer (Rails' t.integer)"
+                    .into(),
+            ),
+            _ => Err("the sidecar needs an integer attempts column".into()),
+        },
+        "sent_at" | "created_at" | "updated_at" => match t {
+            "timestamp without time zone" | "datetime" | "timestamp" => Ok(()),
+            "timestamp with time zone" => Err(
+                "timestamptz is not supported yet: the sidecar reads and writes UTC timestamps \
+                 without a zone (Rails' default datetime)"
+                    .into(),
+            ),
+            _ => Err("the sidecar needs a timestamp (PostgreSQL) or datetime (MySQL)".into()),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// The columns the sidecar reads or writes, and what each must be.
+pub const REQUIRED: [(&str, &str); 9] = [
+    ("id", "an integer primary key"),
+    ("event_name", STRINGS),
+    ("payload", "a json or jsonb column"),
+    ("status", STRINGS),
+    ("attempts", "an integer column"),
+    ("last_error", STRINGS),
+    ("sent_at", "a timestamp column"),
+    ("created_at", "a timestamp column"),
+    ("updated_at", "a timestamp column"),
+];
+
+impl Store {
+    /// The table's columns from the catalogue (empty: no such table).
+    pub async fn columns(&self) -> Result<Vec<ColumnInfo>, StoreError> {
+        let backend = self.backend();
+        let sql = match backend {
+            DbBackend::Postgres => {
+                "SELECT column_name::text AS name, data_type::text AS data_type \
+                 FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = $1"
+            }
+            DbBackend::MySql => {
+                "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type \
+                 FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = ?"
+            }
+            _ => "SELECT name AS name, lower(type) AS data_type FROM pragma_table_info(?)",
+        };
+        let rows = self
+            .connection()
+            .query_all_raw(Statement::from_sql_and_values(
+                backend,
+                sql,
+                [self.table().to_owned().into()],
+            ))
+            .await
+            .map_err(db_err("reading the table's columns"))?;
+        rows.iter()
+            .map(|r| {
+                Ok(ColumnInfo {
+                    name: r.try_get("", "name")?,
+                    data_type: r.try_get::<String>("", "data_type")?.to_ascii_lowercase(),
+                })
+            })
+            .collect::<Result<_, sea_orm::DbErr>>()
+            .map_err(db_err("reading the table's columns"))
+    }
+
+    /// Checks that the table has every column the sidecar needs, with a
+    /// type it can read and write (see the module's table).
+    pub async fn check_table(&self) -> Result<(), TableError> {
+        let columns = self.columns().await?;
+        let table = self.table().to_owned();
+        if columns.is_empty() {
+            return Err(TableError::Missing { table });
+        }
+        for (column, expected) in REQUIRED {
+            let Some(info) = columns.iter().find(|c| c.name.eq_ignore_ascii_case(column)) else {
+                return Err(TableError::MissingColumn {
+                    table,
+                    column,
+                    expected,
+                });
+            };
+            if self.backend() == DbBackend::Sqlite {
+                continue;
+            }
+            if let Err(why) = check_column(self.backend(), column, &info.data_type) {
+                return Err(TableError::WrongType {
+                    table,
+                    column,
+                    found: info.data_type.clone(),
+                    why,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rails_shapes_pass_and_the_unworkable_are_named() {
+        let pg = DbBackend::Postgres;
+        let my = DbBackend::MySql;
+        for (col, t) in [
+            ("id", "bigint"),
+            ("id", "integer"),
+            ("status", "character varying"),
+            ("last_error", "text"),
+            ("payload", "jsonb"),
+            ("payload", "json"),
+            ("attempts", "integer"),
+            ("updated_at", "timestamp without time zone"),
+        ] {
+            assert_eq!(check_column(pg, col, t), Ok(()), "{col} {t}");
+        }
+        for (col, t) in [
+            ("id", "int"),
+            ("status", "varchar"),
+            ("payload", "longtext"),
+            ("payload", "json"),
+            ("attempts", "int"),
+            ("updated_at", "datetime"),
+            ("sent_at", "timestamp"),
+        ] {
+            assert_eq!(check_column(my, col, t), Ok(()), "{col} {t}");
+        }
+        assert!(check_column(pg, "id", "uuid")
+            .unwrap_err()
+            .contains("uuid primary key"));
+        assert!(check_column(my, "status", "int")
+            .unwrap_err()
+            .contains("Rails enum"));
+        assert!(check_column(pg, "updated_at", "timestamp with time zone")
+            .unwrap_err()
+            .contains("timestamptz"));
+        assert!(check_column(pg, "payload", "text")
+            .unwrap_err()
+            .contains("text payload"));
+    }
+}
