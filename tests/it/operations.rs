@@ -657,3 +657,72 @@ async fn a_header_value_from_a_file_is_sent() {
         Some("0042-key-from-file")
     );
 }
+
+/// Issue 17 item 6: the open /readyz says only "database unavailable"; the
+/// database's error (users, hosts, TLS details) goes to the log at WARN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_logs_the_database_error_at_warn() {
+    let mut t = spawn_app(Options::default()).await;
+    t.stop().await;
+    let proxy = crate::harness::proxy::Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let db_url = t.db.url.replace("127.0.0.1:5432", &proxy.addr.to_string());
+    let port = crate::harness::child::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sidecar.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"{db_url}\"\nconnect_timeout = \"1s\"\n\
+             [kafka]\nbrokers = \"{brokers}\"\ntopic = \"{topic}\"\ngroup_id = \"{group}\"\n\
+             [admin]\nlisten = \"127.0.0.1:{port}\"\napi_listen = \"127.0.0.1:0\"\n\
+             [log]\nformat = \"json\"\n",
+            brokers = t.kafka.brokers,
+            topic = t.topic,
+            group = t.group,
+        ),
+    )
+    .unwrap();
+    let log_path = dir.path().join("stderr.log");
+    let mut child = crate::cli::bin()
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    crate::harness::wait_ready("the child to be ready", &base, T).await;
+    proxy.set_down(true);
+    let body: Value = eventually("503 while the database is down", T, || async {
+        let r = reqwest::get(format!("{base}/readyz")).await.ok()?;
+        (r.status() == 503).then_some(())?;
+        r.json().await.ok()
+    })
+    .await;
+    assert_eq!(
+        body,
+        json!({"ready": false, "reason": "database unavailable"})
+    );
+    let warning: Value = eventually("the WARN line with the error", T, || async {
+        let log = std::fs::read_to_string(&log_path).ok()?;
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| {
+                l["level"] == "WARN"
+                    && l["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("not ready: the database"))
+            })
+    })
+    .await;
+    // The detail is in the log when the driver gave one.
+    if warning["message"] == "not ready: the database does not answer" {
+        assert!(
+            !warning["error"].as_str().unwrap_or_default().is_empty(),
+            "{warning}"
+        );
+    }
+    proxy.set_down(false);
+    let _ = child.kill();
+    let _ = child.wait();
+}
