@@ -35,14 +35,16 @@ use tracing::{info, warn, Instrument};
 
 use crate::dispatch::{Delivery, Registry};
 use crate::metrics::Metrics;
-use crate::store::batch::{Sent, StatusWriter};
-use crate::store::{Outcome, Store, StoreError};
+use crate::store::batch::{RowReader, Sent, StatusWriter};
+use crate::store::{Outcome, RowRead, Store, StoreError};
 
 /// What a job needs, shared by all jobs.
 pub struct JobContext {
     pub store: Store,
     /// `mark_sent` and `register_failure`, batched across jobs.
     pub status_writer: StatusWriter,
+    /// The re-reads before later attempts, batched across jobs.
+    pub row_reader: RowReader,
     pub registry: Registry,
     pub metrics: Metrics,
     pub retry_delay: Duration,
@@ -70,6 +72,7 @@ impl JobContext {
     ) -> Self {
         JobContext {
             status_writer: StatusWriter::spawn(store.clone(), max_attempts),
+            row_reader: RowReader::spawn(store.clone()),
             store,
             registry,
             metrics,
@@ -339,23 +342,17 @@ enum Reread {
 async fn reread(ctx: &JobContext, lease: &Lease, row: &OutboxEventRow) -> Reread {
     let mut backoff = Duration::from_millis(50);
     loop {
-        let read = tokio::time::timeout(
-            crate::store::batch::STATEMENT_DEADLINE,
-            ctx.store.get(row.id),
-        );
-        let read = read.await.unwrap_or_else(|_| {
-            Err(crate::store::StoreError::Database {
-                action: "reading an event",
-                source: sea_orm::DbErr::Custom("no answer within the statement deadline".into()),
-            })
-        });
-        match read {
-            Ok(Some(found))
+        match ctx.row_reader.get(row.id).await {
+            Ok(Some(RowRead::Undecodable { error, .. })) => {
+                warn!(%error, "row cannot be decoded any more; not sent");
+                return Reread::Changed(Status::Pending);
+            }
+            Ok(Some(RowRead::Row(found)))
                 if found.status == Status::Pending && found.attempts == row.attempts =>
             {
                 return Reread::Same
             }
-            Ok(Some(found)) => {
+            Ok(Some(RowRead::Row(found))) => {
                 warn!(found = %found.status, attempts = found.attempts, "row changed while waiting for the next attempt; not sent");
                 return Reread::Changed(found.status);
             }
