@@ -496,7 +496,21 @@ impl Settings {
             return Err(ConfigError::key(
                 "database.table",
                 format!(
-                    "{:?} is not a plain table name (letters, digits, _ and an optional schema.)",
+                    "{:?} is not a plain table name (letters, digits and _)",
+                    self.database.table
+                ),
+            ));
+        }
+        if self.database.table.contains('.') {
+            // Quoted as one identifier, "schema.table" would read (and
+            // `migrate` would create) a table with a dot in its name while
+            // the change events name the real one: every event lost.
+            return Err(ConfigError::key(
+                "database.table",
+                format!(
+                    "{:?}: a schema-qualified name is not supported yet; name the table alone and \
+                     choose the schema through the connection (PostgreSQL: \
+                     ?options=-csearch_path%3D<schema> in database.url; MySQL: the database in the URL)",
                     self.database.table
                 ),
             ));

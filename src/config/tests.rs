@@ -450,3 +450,24 @@ fn redaction_covers_env_property_names_oauth_query_passwords_and_dispatcher_urls
     assert!(e.contains("dispatchers.a.url"), "{e}");
     assert!(!e.contains("upw-6"), "{e}");
 }
+
+#[test]
+fn a_schema_qualified_table_is_refused_naming_the_key() {
+    let e = Settings::from_toml(
+        Some("[database]\nurl = \"sqlite::memory:\"\ntable = \"public.outbox_events\"\n"),
+        BTreeMap::new(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with(
+            "invalid configuration: database.table: \"public.outbox_events\": a schema-qualified name is not supported yet"
+        ),
+        "{e}"
+    );
+    let ok = Settings::from_toml(
+        Some("[database]\nurl = \"sqlite::memory:\"\ntable = \"app_outbox\"\n"),
+        BTreeMap::new(),
+    );
+    assert!(ok.is_ok());
+}
