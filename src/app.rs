@@ -75,7 +75,7 @@ impl App {
             &settings.kafka,
             &settings.database.table,
             ctx,
-            settings.dispatch.max_in_flight,
+            &settings.dispatch,
             settings.shutdown.drain_timeout,
             health.clone(),
         )?;

@@ -175,6 +175,10 @@ pub struct DispatchSettings {
     pub retry_delay: Duration,
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Payload bytes the consumer holds at most (rows waiting for a job,
+    /// rows being read, rows of running jobs).
+    #[serde(default = "default_max_buffered_bytes", with = "byte_size")]
+    pub max_buffered_bytes: usize,
 }
 
 impl Default for DispatchSettings {
@@ -183,8 +187,13 @@ impl Default for DispatchSettings {
             max_attempts: default_max_attempts(),
             retry_delay: default_retry_delay(),
             max_in_flight: default_max_in_flight(),
+            max_buffered_bytes: default_max_buffered_bytes(),
         }
     }
+}
+
+fn default_max_buffered_bytes() -> usize {
+    64 << 20
 }
 
 #[derive(Clone, Deserialize, Serialize)]
@@ -527,6 +536,12 @@ impl Settings {
                 format!("must be at least 1, got {}", self.dispatch.max_attempts),
             ));
         }
+        if self.dispatch.max_buffered_bytes < (1 << 20) {
+            return Err(ConfigError::key(
+                "dispatch.max_buffered_bytes",
+                "must be at least 1MiB (one payload always fits; the bound is for many)",
+            ));
+        }
         if self.dispatch.max_in_flight == 0 {
             return Err(ConfigError::key(
                 "dispatch.max_in_flight",
@@ -788,6 +803,59 @@ fn describe(e: config::ConfigError) -> String {
 }
 
 /// `"5s"`, `"200ms"`, `"1m 30s"` (humantime), or a bare integer of seconds.
+/// Sizes as `65536`, `"512KiB"`, `"64MiB"` or `"1GiB"` (also `KB`/`MB`/`GB`
+/// as powers of 1,000).
+pub mod byte_size {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Text(String),
+        Bytes(u64),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+        match Raw::deserialize(d)? {
+            Raw::Bytes(b) => usize::try_from(b).map_err(serde::de::Error::custom),
+            Raw::Text(s) => parse(&s).map_err(serde::de::Error::custom),
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<usize, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (digits, unit) = t.split_at(split);
+        let unit_factor: u64 = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "KB" => 1_000,
+            "MB" => 1_000_000,
+            "GB" => 1_000_000_000,
+            _ => 0,
+        };
+        digits
+            .parse::<u64>()
+            .ok()
+            .filter(|_| unit_factor > 0)
+            .and_then(|n| n.checked_mul(unit_factor))
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| {
+                format!("{s:?} is not a size (expected e.g. \"64MiB\" or a number of bytes)")
+            })
+    }
+
+    pub fn serialize<S: Serializer>(b: &usize, s: S) -> Result<S::Ok, S::Error> {
+        if b.is_multiple_of(1 << 20) {
+            s.serialize_str(&format!("{}MiB", b >> 20))
+        } else {
+            s.serialize_str(&format!("{b}B"))
+        }
+    }
+}
+
 pub mod duration {
     use std::time::Duration;
 

@@ -471,3 +471,39 @@ fn a_schema_qualified_table_is_refused_naming_the_key() {
     );
     assert!(ok.is_ok());
 }
+
+#[test]
+fn buffered_bytes_take_sizes_with_units_and_refuse_the_unusable() {
+    let with = |v: &str| {
+        Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[dispatch]\nmax_buffered_bytes = {v}\n"
+            )),
+            BTreeMap::new(),
+        )
+    };
+    assert_eq!(
+        with("\"64MiB\"").unwrap().dispatch.max_buffered_bytes,
+        64 << 20
+    );
+    assert_eq!(
+        with("2097152").unwrap().dispatch.max_buffered_bytes,
+        2 << 20
+    );
+    let from_env = Settings::from_toml(
+        Some("[database]\nurl = \"sqlite::memory:\"\n"),
+        env(&[("OUTBOX__DISPATCH__MAX_BUFFERED_BYTES", "128MiB")]),
+    )
+    .unwrap();
+    assert_eq!(from_env.dispatch.max_buffered_bytes, 128 << 20);
+    let e = with("\"lots\"").unwrap_err().to_string();
+    assert!(
+        e.contains("dispatch.max_buffered_bytes") && e.contains("is not a size"),
+        "{e}"
+    );
+    let e = with("\"512KiB\"").unwrap_err().to_string();
+    assert!(
+        e.contains("dispatch.max_buffered_bytes: must be at least 1MiB"),
+        "{e}"
+    );
+}

@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::cdc::{Decision, Decoder, Record, Skip};
-use crate::config::{property_name, KafkaSettings};
+use crate::config::{property_name, DispatchSettings, KafkaSettings};
 use crate::job::{self, JobContext, JobEnd, Lease};
 use crate::metrics::Metrics;
 use crate::store::{RowRead, Store};
@@ -57,11 +57,6 @@ use schedule::{Flow, Limits, Pos, Read, Scheduler, Start};
 /// read (CONTRACT §5: logical decoding can ship a commit before it is
 /// visible; a replica can lag).
 pub const ROW_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Payload bytes the consumer holds at most (see [`Limits`]): sized for
-/// the shipped 256 MiB memory limit, with room for librdkafka's prefetch
-/// (16 MiB), the HTTP client and the database pool.
-pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
 
 /// How often an idle consumer loop turns (liveness).
 const BEAT: Duration = Duration::from_secs(1);
@@ -368,7 +363,7 @@ impl Pipeline {
         settings: &KafkaSettings,
         table: &str,
         ctx: Arc<JobContext>,
-        max_in_flight: usize,
+        dispatch: &DispatchSettings,
         drain_timeout: Duration,
         health: Arc<ConsumerHealth>,
     ) -> Result<Self, ConsumerError> {
@@ -413,9 +408,9 @@ impl Pipeline {
             metrics: ctx.metrics.clone(),
             ctx,
             limits: Limits {
-                max_in_flight,
+                max_in_flight: dispatch.max_in_flight,
                 visibility_timeout: ROW_VISIBILITY_TIMEOUT,
-                max_buffered_bytes: MAX_BUFFERED_BYTES,
+                max_buffered_bytes: dispatch.max_buffered_bytes,
             },
             dead_letter,
             health,
