@@ -227,6 +227,8 @@ pub struct ListQuery {
     status: Option<String>,
     event_name: Option<String>,
     limit: Option<u64>,
+    /// The cursor: events with an id below this one (newest first).
+    before: Option<i64>,
 }
 
 fn parse_status(s: Option<&str>) -> Result<Option<Status>, Box<Response>> {
@@ -240,18 +242,42 @@ async fn list_events(State(state): State<AdminState>, Query(q): Query<ListQuery>
         Ok(s) => s,
         Err(r) => return *r,
     };
+    let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT).min(10_000);
     let filter = ListFilter {
         status,
-        event_name: q.event_name,
-        limit: Some(q.limit.unwrap_or(DEFAULT_LIST_LIMIT).min(10_000)),
+        event_name: q.event_name.clone(),
+        limit: Some(limit),
+        before: q.before,
     };
     match state.store.list(&filter).await {
-        Ok(rows) => Json(
-            rows.into_iter()
-                .map(|r| EventView::new(r, false))
-                .collect::<Vec<_>>(),
-        )
-        .into_response(),
+        Ok(rows) => {
+            // A full page has a next one (RFC 8288 `Link`, rel="next"); the
+            // body stays the plain list.
+            let next = rows
+                .last()
+                .filter(|_| rows.len() as u64 == limit)
+                .map(|last| {
+                    let mut query = url::form_urlencoded::Serializer::new(String::new());
+                    if let Some(s) = &q.status {
+                        query.append_pair("status", s);
+                    }
+                    if let Some(n) = &q.event_name {
+                        query.append_pair("event_name", n);
+                    }
+                    query.append_pair("limit", &limit.to_string());
+                    query.append_pair("before", &last.id.to_string());
+                    format!("</admin/events?{}>; rel=\"next\"", query.finish())
+                });
+            let body = Json(
+                rows.into_iter()
+                    .map(|r| EventView::new(r, false))
+                    .collect::<Vec<_>>(),
+            );
+            match next {
+                Some(link) => ([(axum::http::header::LINK, link)], body).into_response(),
+                None => body.into_response(),
+            }
+        }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }

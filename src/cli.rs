@@ -56,6 +56,9 @@ pub enum EventsCommand {
         event_name: Option<String>,
         #[arg(long, default_value_t = 50)]
         limit: u64,
+        /// The next page: events with an id below this one (newest first).
+        #[arg(long)]
+        before: Option<i64>,
     },
     /// Resend failed events: back to pending with 0 attempts.
     Retry {
@@ -160,16 +163,21 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
             status,
             event_name,
             limit,
+            before,
         } => {
             let filter = ListFilter {
                 status,
                 event_name,
                 limit: Some(limit),
+                before,
             };
             match store.list(&filter).await {
                 Ok(rows) => {
                     let mut out = std::io::stdout().lock();
                     let _ = out.write_all(render_table(&rows).as_bytes());
+                    if let Some(last) = rows.last().filter(|_| rows.len() as u64 == limit) {
+                        let _ = writeln!(out, "(more: --before {})", last.id);
+                    }
                     EXIT_OK
                 }
                 Err(e) => fail(&e),

@@ -155,6 +155,8 @@ pub struct ListFilter {
     pub status: Option<Status>,
     pub event_name: Option<String>,
     pub limit: Option<u64>,
+    /// The cursor: only rows with a smaller id (the next page, newest first).
+    pub before: Option<i64>,
 }
 
 /// What the gauges show: row counts by status and the oldest pending row.
@@ -412,7 +414,11 @@ impl Store {
         if let Some(name) = &filter.event_name {
             stmt.and_where(Expr::col(Column::EventName).eq(name.as_str()));
         }
-        stmt.order_by(Column::Id, Order::Asc);
+        if let Some(before) = filter.before {
+            stmt.and_where(Expr::col(Column::Id).lt(before));
+        }
+        // Newest first: what an operator looks for after an outage.
+        stmt.order_by(Column::Id, Order::Desc);
         if let Some(limit) = filter.limit {
             stmt.limit(limit);
         }

@@ -283,7 +283,7 @@ async fn filtered_resend_dry_run_and_retrigger() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("HTTP 503: down") && !stdout.contains("422"),
+        stdout.contains("HTTP 503: down") && !stdout.contains("company_not_found"),
         "{stdout}"
     );
     assert_eq!(
@@ -345,6 +345,34 @@ async fn filtered_resend_dry_run_and_retrigger() {
     assert_eq!(text(&out.stdout), "retriggered 0 pending event(s)\n");
     let out = run(&db, &["events", "retrigger"]);
     assert_eq!(out.status.code(), Some(2), "ids or an age is required");
+
+    // Newest first, a page at a time.
+    let out = run(
+        &db,
+        &["events", "list", "--status", "failed", "--limit", "1"],
+    );
+    let listing = text(&out.stdout);
+    assert!(listing.contains(&format!("\n{}  ", failed[1])), "{listing}");
+    assert!(
+        listing.ends_with(&format!("(1 row)\n(more: --before {})\n", failed[1])),
+        "{listing}"
+    );
+    let out = run(
+        &db,
+        &[
+            "events",
+            "list",
+            "--status",
+            "failed",
+            "--before",
+            &failed[1].to_string(),
+        ],
+    );
+    assert!(
+        text(&out.stdout).ends_with("(0 rows)\n"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 /// The application's table in the shapes Rails produces is accepted by

@@ -279,12 +279,43 @@ async fn admin_list_filters_and_resends_are_dispatched() {
         .iter()
         .map(|e| e["id"].as_i64().unwrap())
         .collect();
-    assert_eq!(ids, vec![b, c]);
+    assert_eq!(ids, vec![c, b], "newest first");
     assert_eq!(list[0]["last_error"], "HTTP 503");
     assert_eq!(list[0]["attempts"], 1);
     assert_eq!(list[0]["status"], "failed");
     let (_, limited) = get(t.api_url("/admin/events?limit=1")).await;
     assert_eq!(limited.as_array().unwrap().len(), 1);
+    // A full page links to the next one; the last page does not.
+    let r = client()
+        .get(t.api_url("/admin/events?status=failed&limit=2"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let link = r.headers()["link"].to_str().unwrap().to_owned();
+    assert_eq!(
+        link,
+        format!("</admin/events?status=failed&limit=2&before={b}>; rel=\"next\"")
+    );
+    let page: Value = r.json().await.unwrap();
+    assert_eq!(page[0]["id"], c);
+    let path = link.trim_start_matches('<').split('>').next().unwrap();
+    let r = client()
+        .get(t.api_url(path))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("link").is_none(), "the last page");
+    let page: Value = r.json().await.unwrap();
+    assert_eq!(
+        page.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_i64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![a]
+    );
     let (status, bad) = get(t.api_url("/admin/events?status=done")).await;
     assert_eq!(status, 400);
     assert!(bad["error"]

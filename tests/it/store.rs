@@ -237,6 +237,7 @@ async fn list_and_bulk_resend(backend: Backend) {
         status,
         event_name: name.map(str::to_owned),
         limit: None,
+        before: None,
     };
     let failed = store
         .list(&filter(Some(Status::Failed), None))
@@ -244,7 +245,21 @@ async fn list_and_bulk_resend(backend: Backend) {
         .unwrap();
     assert_eq!(
         failed.iter().map(|r| r.id).collect::<Vec<_>>(),
-        vec![a.id, b.id, c.id]
+        vec![c.id, b.id, a.id],
+        "newest first"
+    );
+    let next_page = store
+        .list(&outbox_sidecar::store::ListFilter {
+            status: Some(Status::Failed),
+            limit: Some(2),
+            before: Some(b.id),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        next_page.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![a.id]
     );
     let paid = store
         .list(&filter(

@@ -124,6 +124,7 @@ pub async fn settle_rows(t: &TestApp, limit: Duration) {
         status: Some(entity::Status::Pending),
         event_name: None,
         limit: Some(10),
+        before: None,
     };
     let pending = t.store.list(&filter).await.unwrap_or_default();
     let published = t.feed.published.lock().unwrap().clone();
