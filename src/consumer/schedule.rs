@@ -200,6 +200,9 @@ pub struct Scheduler {
     reads: HashMap<u64, Vec<Wanted>>,
     /// Re-reads due, by id.
     rechecks: HashMap<i64, (Instant, Wanted)>,
+    /// Ids whose delete arrived while their row was being read: a missing
+    /// row is then final, not read again.
+    deleted_while_reading: HashSet<i64>,
     ready: VecDeque<(OutboxEventRow, Pos, usize)>,
     ready_bytes: usize,
     running: usize,
@@ -227,6 +230,7 @@ impl Scheduler {
             to_read: VecDeque::new(),
             reads: HashMap::new(),
             rechecks: HashMap::new(),
+            deleted_while_reading: HashSet::new(),
             ready: VecDeque::new(),
             ready_bytes: 0,
             running: 0,
@@ -375,6 +379,9 @@ impl Scheduler {
     /// A delete of row `id`: a re-read waiting for it ends (the row is
     /// gone for good); the delete's own message is finished by the caller.
     pub fn deleted(&mut self, id: i64) {
+        if self.work.get(&id) == Some(&Work::Reading) {
+            self.deleted_while_reading.insert(id);
+        }
         if let Some((_, w)) = self.rechecks.remove(&id) {
             self.metrics
                 .cdc_skips_total
@@ -472,8 +479,9 @@ impl Scheduler {
     }
 
     fn decide(&mut self, mut w: Wanted, read: Option<RowRead>, now: Instant) {
+        let gone = self.deleted_while_reading.remove(&w.id);
         let early = match &read {
-            None => true,
+            None => !gone,
             Some(RowRead::Row(row)) => w.expect.is_newer_than(row),
             Some(RowRead::Undecodable { .. }) => false,
         };
@@ -564,6 +572,7 @@ impl Scheduler {
     /// it is decided again, the others with it.
     fn free(&mut self, id: i64) {
         self.work.remove(&id);
+        self.deleted_while_reading.remove(&id);
         let Some(list) = self.deferred.remove(&id) else {
             return;
         };
@@ -737,6 +746,7 @@ impl Scheduler {
         self.ready_bytes = 0;
         self.to_read.clear();
         self.rechecks.clear();
+        self.deleted_while_reading.clear();
         self.deferred.clear();
         self.work.retain(|_, w| matches!(w, Work::Running { .. }));
     }

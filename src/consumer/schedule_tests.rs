@@ -236,6 +236,20 @@ fn a_delete_ends_the_wait_for_a_missing_row() {
 }
 
 #[test]
+fn a_delete_during_the_read_makes_a_missing_row_final() {
+    let mut h = Harness::new(4);
+    h.message(0, &trig(9, 0, 0));
+    let read = h.s.take_reads(h.now).remove(0);
+    let del = h.s.begin(0, 1).unwrap();
+    h.s.deleted(9);
+    h.s.finish(&del);
+    h.s.rows_read(read.ticket, Ok(vec![]), h.now);
+    assert_eq!(h.commit(0), Some(2), "no re-read of a deleted row");
+    assert_eq!(h.s.next_wakeup(), None);
+    assert_eq!(h.skips("row_missing"), 1);
+}
+
+#[test]
 fn an_undecodable_row_is_skipped_and_its_neighbours_go_on() {
     let mut h = Harness::new(4);
     h.message(0, &trig(1, 0, 0));
