@@ -147,14 +147,7 @@ impl RowReader {
         let (tx, mut rx) = mpsc::channel::<(i64, Reply<Option<RowRead>>)>(MAX_BATCH * 4);
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
-                let mut batch = vec![first];
-                let deadline = tokio::time::Instant::now() + WINDOW;
-                while batch.len() < MAX_BATCH {
-                    match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Ok(Some(item)) => batch.push(item),
-                        _ => break,
-                    }
-                }
+                let batch = gather(&mut rx, first).await;
                 let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
                 let read = tokio::time::timeout(STATEMENT_DEADLINE, store.read_rows(&ids)).await;
                 match read {
@@ -193,17 +186,23 @@ impl RowReader {
     }
 }
 
+/// `first` and what else arrives within [`WINDOW`], up to [`MAX_BATCH`].
+async fn gather<T>(rx: &mut mpsc::Receiver<T>, first: T) -> Vec<T> {
+    let mut batch = vec![first];
+    let deadline = tokio::time::Instant::now() + WINDOW;
+    while batch.len() < MAX_BATCH {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(item)) => batch.push(item),
+            _ => break,
+        }
+    }
+    batch
+}
+
 async fn run(store: Store, max_attempts: i32, mut rx: mpsc::Receiver<Request>) {
     let statements = Arc::new(Semaphore::new(CONCURRENT_STATEMENTS));
     while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + WINDOW;
-        while batch.len() < MAX_BATCH {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(item)) => batch.push(item),
-                _ => break,
-            }
-        }
+        let batch = gather(&mut rx, first).await;
         // While this batch's statements run, the next batch gathers; at
         // most CONCURRENT_STATEMENTS batches run at once (rows of different
         // batches are distinct: a job waits for its own answer).

@@ -43,6 +43,19 @@ async fn insert_silently(txn: &DatabaseTransaction, status: &str, n: i64) -> Out
     }
 }
 
+/// A running sidecar on a one-partition topic, and a connection of the test's own.
+async fn one_partition() -> (TestApp, sea_orm::DatabaseConnection) {
+    let t = spawn_app(Options {
+        partitions: 1,
+        ..Options::default()
+    })
+    .await;
+    let conn = sea_orm::Database::connect(&t.db.url)
+        .await
+        .expect("connect");
+    (t, conn)
+}
+
 fn base(t: &TestApp) -> String {
     format!("http://{}", t.app.as_ref().expect("running").admin_addr())
 }
@@ -62,14 +75,7 @@ async fn wait_metric(t: &TestApp, series: &str, at_least: f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_event_published_before_its_row_is_visible_is_sent() {
-    let mut t = spawn_app(Options {
-        partitions: 1,
-        ..Options::default()
-    })
-    .await;
-    let conn = sea_orm::Database::connect(&t.db.url)
-        .await
-        .expect("connect");
+    let (mut t, conn) = one_partition().await;
     let txn = conn.begin().await.expect("begin");
     let row = insert_silently(&txn, "pending", 1).await;
     // Logical decoding ships the commit; the row is not visible yet.
@@ -90,14 +96,7 @@ async fn a_change_event_published_before_its_row_is_visible_is_sent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_rows_are_skipped_and_their_neighbours_are_sent() {
-    let mut t = spawn_app(Options {
-        partitions: 1,
-        ..Options::default()
-    })
-    .await;
-    let conn = sea_orm::Database::connect(&t.db.url)
-        .await
-        .expect("connect");
+    let (mut t, conn) = one_partition().await;
     // A Rails table may allow NULL where the sidecar needs a value.
     conn.execute_unprepared("ALTER TABLE outbox_events ALTER COLUMN attempts DROP NOT NULL")
         .await
@@ -290,14 +289,7 @@ async fn a_database_that_stops_answering_stalls_nothing_for_good() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn change_events_in_every_compression_codec_are_read() {
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    let mut t = spawn_app(Options {
-        partitions: 1,
-        ..Options::default()
-    })
-    .await;
-    let conn = sea_orm::Database::connect(&t.db.url)
-        .await
-        .expect("connect");
+    let (mut t, conn) = one_partition().await;
     let txn = conn.begin().await.expect("begin");
     let mut rows = Vec::new();
     for n in 0..4 {
