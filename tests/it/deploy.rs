@@ -1040,3 +1040,26 @@ fn manifests_pass_kubernetes_validate_when_installed() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Static membership: each pod joins the group under its own stable
+/// `group.instance.id` (its name), so a restart within the session timeout
+/// does not rebalance the whole group.
+#[test]
+fn the_sidecar_joins_the_group_with_a_static_member_id_from_the_pod_name() {
+    let pod = deployment_pod();
+    let c = container(&pod, SIDECAR);
+    let env = seq(&c["env"]);
+    let var = env
+        .iter()
+        .find(|e| e["name"].as_str() == Some("OUTBOX__KAFKA__PROPERTIES__GROUP_INSTANCE_ID"))
+        .expect("group.instance.id is set");
+    assert_eq!(
+        var["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("metadata.name")
+    );
+    assert_eq!(
+        outbox_sidecar::config::property_name("group_instance_id"),
+        "group.instance.id",
+        "the environment spelling reaches librdkafka under its own name"
+    );
+}
