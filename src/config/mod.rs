@@ -234,6 +234,17 @@ pub struct AdminSettings {
     /// A file holding `token` (a mounted Secret), read at start-up.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+    /// Both listeners: a connection that has not sent a whole request head
+    /// within this long is closed (slowloris; idle keep-alive too).
+    #[serde(default = "default_header_read_timeout", with = "duration")]
+    pub header_read_timeout: Duration,
+    /// Both listeners: a request not answered within this long gets 408.
+    #[serde(default = "default_request_timeout", with = "duration")]
+    pub request_timeout: Duration,
+    /// Both listeners, each: connections served at once; more wait to be
+    /// accepted.
+    #[serde(default = "default_admin_max_connections")]
+    pub max_connections: usize,
 }
 
 impl Default for AdminSettings {
@@ -243,6 +254,9 @@ impl Default for AdminSettings {
             api_listen: default_admin_api_listen(),
             token: None,
             token_file: None,
+            header_read_timeout: default_header_read_timeout(),
+            request_timeout: default_request_timeout(),
+            max_connections: default_admin_max_connections(),
         }
     }
 }
@@ -332,6 +346,15 @@ fn default_admin_listen() -> String {
 }
 fn default_admin_api_listen() -> String {
     "127.0.0.1:9465".to_owned()
+}
+fn default_header_read_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_admin_max_connections() -> usize {
+    256
 }
 fn default_refresh_interval() -> Duration {
     Duration::from_secs(15)
@@ -539,6 +562,24 @@ impl Settings {
             return Err(ConfigError::key(
                 "admin.api_listen",
                 format!("{api_listen} is admin.listen's address too; the admin API needs its own"),
+            ));
+        }
+        if self.admin.header_read_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "admin.header_read_timeout",
+                "must be above zero",
+            ));
+        }
+        if self.admin.request_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "admin.request_timeout",
+                "must be above zero",
+            ));
+        }
+        if self.admin.max_connections == 0 {
+            return Err(ConfigError::key(
+                "admin.max_connections",
+                "must be at least 1",
             ));
         }
         if let Some(token) = &self.admin.token {

@@ -471,3 +471,52 @@ fn a_schema_qualified_table_is_refused_naming_the_key() {
     );
     assert!(ok.is_ok());
 }
+
+#[test]
+fn listener_limits_default_and_refuse_zero_naming_the_key() {
+    let with = |admin: &str, env_pairs: &[(&str, &str)]| {
+        Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[admin]\n{admin}\n"
+            )),
+            env(env_pairs),
+        )
+    };
+    let s = with("", &[]).unwrap();
+    assert_eq!(s.admin.header_read_timeout, Duration::from_secs(5));
+    assert_eq!(s.admin.request_timeout, Duration::from_secs(30));
+    assert_eq!(s.admin.max_connections, 256);
+    let s = with(
+        "header_read_timeout = \"2s\"",
+        &[
+            ("OUTBOX__ADMIN__REQUEST_TIMEOUT", "10"),
+            ("OUTBOX__ADMIN__MAX_CONNECTIONS", "32"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.admin.header_read_timeout, Duration::from_secs(2));
+    assert_eq!(s.admin.request_timeout, Duration::from_secs(10));
+    assert_eq!(s.admin.max_connections, 32);
+    for (admin, expected) in [
+        (
+            "header_read_timeout = \"0s\"",
+            "invalid configuration: admin.header_read_timeout: must be above zero",
+        ),
+        (
+            "request_timeout = 0",
+            "invalid configuration: admin.request_timeout: must be above zero",
+        ),
+        (
+            "max_connections = 0",
+            "invalid configuration: admin.max_connections: must be at least 1",
+        ),
+    ] {
+        assert_eq!(with(admin, &[]).unwrap_err().to_string(), expected);
+    }
+    let e = with("max_connections = -1", &[]).unwrap_err().to_string();
+    assert!(e.contains("admin.max_connections"), "{e}");
+    let e = with("request_timeout = \"soon\"", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("admin.request_timeout"), "{e}");
+}

@@ -13,4 +13,5 @@ mod harness;
 mod operations;
 mod pipeline;
 mod process;
+mod slow_clients;
 mod store;
