@@ -205,6 +205,28 @@ pub struct DispatcherSettings {
     /// start-up into `headers`.
     #[serde(default)]
     pub header_files: BTreeMap<String, PathBuf>,
+    /// PEM CA certificate(s): the only roots this dispatcher trusts (a
+    /// private CA); unset: the system's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for mTLS, with `client_key_file`.
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `client_cert_file`.
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
+    /// `"1.2"` or `"1.3"`; unset: 1.2 (rustls speaks nothing older).
+    #[serde(default)]
+    pub min_tls_version: Option<TlsVersion>,
+}
+
+/// The lowest TLS version a dispatcher's client negotiates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum TlsVersion {
+    #[serde(rename = "1.2")]
+    V1_2,
+    #[serde(rename = "1.3")]
+    V1_3,
 }
 
 impl std::fmt::Debug for DispatcherSettings {
@@ -215,6 +237,10 @@ impl std::fmt::Debug for DispatcherSettings {
             .field("timeout", &self.timeout)
             .field("headers", &self.headers)
             .field("header_files", &self.header_files)
+            .field("ca_file", &self.ca_file)
+            .field("client_cert_file", &self.client_cert_file)
+            .field("client_key_file", &self.client_key_file)
+            .field("min_tls_version", &self.min_tls_version)
             .finish()
     }
 }
@@ -629,6 +655,7 @@ impl Settings {
                     ));
                 }
             }
+            crate::dispatch::tls::check(d).map_err(|e| ConfigError::key(key(e.key), e.message))?;
             for event in &d.events {
                 if let Some(other) = seen.insert(event, name) {
                     return Err(ConfigError::key(

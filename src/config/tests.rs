@@ -520,3 +520,44 @@ fn listener_limits_default_and_refuse_zero_naming_the_key() {
         .to_string();
     assert!(e.contains("admin.request_timeout"), "{e}");
 }
+
+#[test]
+fn dispatcher_tls_settings_are_checked_at_load_naming_the_key() {
+    let with = |extra: &str| {
+        Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[dispatchers.accounts]\n\
+                 url = \"https://accounts\"\nevents = [\"a\"]\n{extra}\n"
+            )),
+            BTreeMap::new(),
+        )
+    };
+    let s = with("min_tls_version = \"1.3\"").unwrap();
+    assert_eq!(
+        s.dispatchers["accounts"].min_tls_version,
+        Some(TlsVersion::V1_3)
+    );
+    assert_eq!(
+        with("").unwrap().dispatchers["accounts"].min_tls_version,
+        None
+    );
+    let e = with("min_tls_version = \"1.0\"").unwrap_err().to_string();
+    assert!(e.contains("dispatchers.accounts.min_tls_version"), "{e}");
+    let e = with("ca_file = \"/nonexistent/ca.pem\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(
+            "invalid configuration: dispatchers.accounts.ca_file: cannot read /nonexistent/ca.pem:"
+        ),
+        "{e}"
+    );
+    let e = with("client_cert_file = \"/nonexistent/c.pem\"")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "invalid configuration: dispatchers.accounts.client_key_file: must be set together with \
+         client_cert_file"
+    );
+}

@@ -15,3 +15,4 @@ mod pipeline;
 mod process;
 mod slow_clients;
 mod store;
+mod tls;
