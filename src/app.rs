@@ -4,10 +4,12 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::admin::{self, AdminState};
 use crate::config::Settings;
@@ -96,16 +98,19 @@ impl App {
             dispatchers: settings.dispatcher_events(),
         };
         let server_shutdown = CancellationToken::new();
+        let limits = ListenerLimits::from_settings(&settings);
         let server = serve(
             listener,
             admin::router(admin_state.clone()),
             "admin.listen",
+            limits,
             server_shutdown.clone(),
         );
         let api_server = serve(
             api_listener,
             admin::api_router(admin_state),
             "admin.api_listen",
+            limits,
             server_shutdown.clone(),
         );
         let gauges = tokio::spawn(refresh_gauges(
@@ -184,19 +189,85 @@ async fn bind(
     Ok((listener, local))
 }
 
+/// What a slow or greedy client may hold on one listener
+/// (`admin.header_read_timeout`, `admin.request_timeout`,
+/// `admin.max_connections`).
+#[derive(Debug, Clone, Copy)]
+pub struct ListenerLimits {
+    pub header_read_timeout: Duration,
+    pub request_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl ListenerLimits {
+    pub fn from_settings(settings: &Settings) -> Self {
+        Self {
+            header_read_timeout: settings.admin.header_read_timeout,
+            request_timeout: settings.admin.request_timeout,
+            max_connections: settings.admin.max_connections,
+        }
+    }
+}
+
+/// Serves `app` on `listener` over HTTP/1.1 until `stop`, then lets the
+/// open connections finish their request.
+///
+/// `axum::serve` has no header-read timeout and accepts without bound, so a
+/// slowloris client (request heads trickled a byte at a time, or connections
+/// left idle) could hold sockets and tasks forever. Here a connection is
+/// accepted only with one of `max_connections` permits (the rest wait in the
+/// kernel's backlog), a connection that has not sent a whole request head
+/// within `header_read_timeout` is closed (idle keep-alive connections too),
+/// and a request not answered within `request_timeout` gets 408.
 fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     key: &'static str,
+    limits: ListenerLimits,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
+    let app = app.layer(tower_http::timeout::TimeoutLayer::with_status_code(
+        axum::http::StatusCode::REQUEST_TIMEOUT,
+        limits.request_timeout,
+    ));
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-        {
-            error!(error = %e, listener = key, "HTTP server stopped");
+        let permits = Arc::new(Semaphore::new(limits.max_connections));
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout);
+        loop {
+            let permit = tokio::select! {
+                _ = stop.cancelled() => break,
+                permit = permits.clone().acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let stream = tokio::select! {
+                _ = stop.cancelled() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // E.g. out of file descriptors: back off, keep serving.
+                        warn!(error = %e, listener = key, "cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app.clone());
+            let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    debug!(error = %e, listener = key, "HTTP connection ended");
+                }
+                drop(permit);
+            });
         }
+        drop(listener);
+        graceful.shutdown().await;
     })
 }
 

@@ -214,6 +214,28 @@ pub struct DispatcherSettings {
     /// start-up into `headers`.
     #[serde(default)]
     pub header_files: BTreeMap<String, PathBuf>,
+    /// PEM CA certificate(s): the only roots this dispatcher trusts (a
+    /// private CA); unset: the system's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for mTLS, with `client_key_file`.
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `client_cert_file`.
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
+    /// `"1.2"` or `"1.3"`; unset: 1.2 (rustls speaks nothing older).
+    #[serde(default)]
+    pub min_tls_version: Option<TlsVersion>,
+}
+
+/// The lowest TLS version a dispatcher's client negotiates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum TlsVersion {
+    #[serde(rename = "1.2")]
+    V1_2,
+    #[serde(rename = "1.3")]
+    V1_3,
 }
 
 impl std::fmt::Debug for DispatcherSettings {
@@ -224,6 +246,10 @@ impl std::fmt::Debug for DispatcherSettings {
             .field("timeout", &self.timeout)
             .field("headers", &self.headers)
             .field("header_files", &self.header_files)
+            .field("ca_file", &self.ca_file)
+            .field("client_cert_file", &self.client_cert_file)
+            .field("client_key_file", &self.client_key_file)
+            .field("min_tls_version", &self.min_tls_version)
             .finish()
     }
 }
@@ -243,6 +269,17 @@ pub struct AdminSettings {
     /// A file holding `token` (a mounted Secret), read at start-up.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+    /// Both listeners: a connection that has not sent a whole request head
+    /// within this long is closed (slowloris; idle keep-alive too).
+    #[serde(default = "default_header_read_timeout", with = "duration")]
+    pub header_read_timeout: Duration,
+    /// Both listeners: a request not answered within this long gets 408.
+    #[serde(default = "default_request_timeout", with = "duration")]
+    pub request_timeout: Duration,
+    /// Both listeners, each: connections served at once; more wait to be
+    /// accepted.
+    #[serde(default = "default_admin_max_connections")]
+    pub max_connections: usize,
 }
 
 impl Default for AdminSettings {
@@ -252,6 +289,9 @@ impl Default for AdminSettings {
             api_listen: default_admin_api_listen(),
             token: None,
             token_file: None,
+            header_read_timeout: default_header_read_timeout(),
+            request_timeout: default_request_timeout(),
+            max_connections: default_admin_max_connections(),
         }
     }
 }
@@ -341,6 +381,15 @@ fn default_admin_listen() -> String {
 }
 fn default_admin_api_listen() -> String {
     "127.0.0.1:9465".to_owned()
+}
+fn default_header_read_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_admin_max_connections() -> usize {
+    256
 }
 fn default_refresh_interval() -> Duration {
     Duration::from_secs(15)
@@ -556,6 +605,24 @@ impl Settings {
                 format!("{api_listen} is admin.listen's address too; the admin API needs its own"),
             ));
         }
+        if self.admin.header_read_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "admin.header_read_timeout",
+                "must be above zero",
+            ));
+        }
+        if self.admin.request_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "admin.request_timeout",
+                "must be above zero",
+            ));
+        }
+        if self.admin.max_connections == 0 {
+            return Err(ConfigError::key(
+                "admin.max_connections",
+                "must be at least 1",
+            ));
+        }
         if let Some(token) = &self.admin.token {
             check_admin_token(token.expose())?;
         }
@@ -603,6 +670,7 @@ impl Settings {
                     ));
                 }
             }
+            crate::dispatch::tls::check(d).map_err(|e| ConfigError::key(key(e.key), e.message))?;
             for event in &d.events {
                 if let Some(other) = seen.insert(event, name) {
                     return Err(ConfigError::key(

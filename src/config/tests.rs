@@ -473,6 +473,96 @@ fn a_schema_qualified_table_is_refused_naming_the_key() {
 }
 
 #[test]
+fn listener_limits_default_and_refuse_zero_naming_the_key() {
+    let with = |admin: &str, env_pairs: &[(&str, &str)]| {
+        Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[admin]\n{admin}\n"
+            )),
+            env(env_pairs),
+        )
+    };
+    let s = with("", &[]).unwrap();
+    assert_eq!(s.admin.header_read_timeout, Duration::from_secs(5));
+    assert_eq!(s.admin.request_timeout, Duration::from_secs(30));
+    assert_eq!(s.admin.max_connections, 256);
+    let s = with(
+        "header_read_timeout = \"2s\"",
+        &[
+            ("OUTBOX__ADMIN__REQUEST_TIMEOUT", "10"),
+            ("OUTBOX__ADMIN__MAX_CONNECTIONS", "32"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.admin.header_read_timeout, Duration::from_secs(2));
+    assert_eq!(s.admin.request_timeout, Duration::from_secs(10));
+    assert_eq!(s.admin.max_connections, 32);
+    for (admin, expected) in [
+        (
+            "header_read_timeout = \"0s\"",
+            "invalid configuration: admin.header_read_timeout: must be above zero",
+        ),
+        (
+            "request_timeout = 0",
+            "invalid configuration: admin.request_timeout: must be above zero",
+        ),
+        (
+            "max_connections = 0",
+            "invalid configuration: admin.max_connections: must be at least 1",
+        ),
+    ] {
+        assert_eq!(with(admin, &[]).unwrap_err().to_string(), expected);
+    }
+    let e = with("max_connections = -1", &[]).unwrap_err().to_string();
+    assert!(e.contains("admin.max_connections"), "{e}");
+    let e = with("request_timeout = \"soon\"", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("admin.request_timeout"), "{e}");
+}
+
+#[test]
+fn dispatcher_tls_settings_are_checked_at_load_naming_the_key() {
+    let with = |extra: &str| {
+        Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[dispatchers.accounts]\n\
+                 url = \"https://accounts\"\nevents = [\"a\"]\n{extra}\n"
+            )),
+            BTreeMap::new(),
+        )
+    };
+    let s = with("min_tls_version = \"1.3\"").unwrap();
+    assert_eq!(
+        s.dispatchers["accounts"].min_tls_version,
+        Some(TlsVersion::V1_3)
+    );
+    assert_eq!(
+        with("").unwrap().dispatchers["accounts"].min_tls_version,
+        None
+    );
+    let e = with("min_tls_version = \"1.0\"").unwrap_err().to_string();
+    assert!(e.contains("dispatchers.accounts.min_tls_version"), "{e}");
+    let e = with("ca_file = \"/nonexistent/ca.pem\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(
+            "invalid configuration: dispatchers.accounts.ca_file: cannot read /nonexistent/ca.pem:"
+        ),
+        "{e}"
+    );
+    let e = with("client_cert_file = \"/nonexistent/c.pem\"")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "invalid configuration: dispatchers.accounts.client_key_file: must be set together with \
+         client_cert_file"
+    );
+}
+
+#[test]
 fn buffered_bytes_take_sizes_with_units_and_refuse_the_unusable() {
     let with = |v: &str| {
         Settings::from_toml(

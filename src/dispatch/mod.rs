@@ -5,6 +5,8 @@
 //! a failure with a short readable message for `last_error`; R-004 does not
 //! tell them apart, so neither does this module.
 
+pub mod tls;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,7 +82,9 @@ impl Dispatcher {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(settings.timeout)
-            .pool_max_idle_per_host(256)
+            .pool_max_idle_per_host(256);
+        let client = tls::configure(client, settings)
+            .map_err(|e| invalid(format!("{}: {}", e.key, e.message)))?
             .build()
             .map_err(|e| invalid(format!("HTTP client: {e}")))?;
         Ok(Self {

@@ -13,4 +13,6 @@ mod harness;
 mod operations;
 mod pipeline;
 mod process;
+mod slow_clients;
 mod store;
+mod tls;
