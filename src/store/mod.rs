@@ -551,21 +551,32 @@ impl Store {
 
     /// The resend's write: `failed` → `pending`, 0 attempts, no error.
     fn resend_statement(&self) -> UpdateStatement {
+        self.resend_statement_at(now())
+    }
+
+    fn resend_statement_at(&self, now: NaiveDateTime) -> UpdateStatement {
         Query::update()
             .table(self.tbl())
             .value(Column::Status, Status::Pending.as_str())
             .value(Column::Attempts, 0)
             .value(Column::LastError, Option::<String>::None)
-            .value(Column::UpdatedAt, now())
+            .value(Column::UpdatedAt, now)
             .and_where(Expr::col(Column::Status).eq(Status::Failed.as_str()))
             .to_owned()
     }
 
     /// R-004 `retry!` (ActiveAdmin's "Reenviar"): `failed` → `pending` with
     /// 0 attempts and no error. Any other status is refused.
+    ///
+    /// The row returned is the one the resend wrote: read back afterwards,
+    /// the sidecar may already have sent it.
     pub async fn retry(&self, id: i64) -> Result<Result<OutboxEventRow, RetryRefused>, StoreError> {
+        let Some(before) = self.get(id).await? else {
+            return Ok(Err(RetryRefused::NotFound(id)));
+        };
+        let now = now();
         let stmt = self
-            .resend_statement()
+            .resend_statement_at(now)
             .and_where(Expr::col(Column::Id).eq(id))
             .to_owned();
         let res = self
@@ -573,10 +584,16 @@ impl Store {
             .execute(&stmt)
             .await
             .map_err(db_err("resending an event"))?;
-        let row = self.get(id).await?;
-        Ok(match row {
+        if res.rows_affected() == 1 {
+            let mut row = before;
+            row.status = Status::Pending;
+            row.attempts = 0;
+            row.last_error = None;
+            row.updated_at = now;
+            return Ok(Ok(row));
+        }
+        Ok(match self.get(id).await? {
             None => Err(RetryRefused::NotFound(id)),
-            Some(row) if res.rows_affected() == 1 => Ok(row),
             Some(row) => Err(RetryRefused::NotFailed {
                 id,
                 status: row.status,
