@@ -5,12 +5,9 @@
 //! with the fault checker (`faults::check`) over the table, the receiver's
 //! log and the records Debezium put on the topic.
 
-use std::path::Path;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use chrono::NaiveDateTime;
-use outbox_sidecar::store::{now, Store};
+use outbox_sidecar::store::Store;
 use serde_json::json;
 use tokio::task::JoinHandle;
 use wiremock::ResponseTemplate;
@@ -18,7 +15,7 @@ use wiremock::ResponseTemplate;
 use super::{metric, prepare, Dbz, T};
 use crate::faults::check::{check, Spec};
 use crate::faults::setup::settle;
-use crate::harness::child::free_port;
+use crate::harness::child::{crash, spawn, write_config};
 use crate::harness::{eventually, Options, Receiver, ACCOUNTS_EVENTS};
 
 const BURST: usize = 2000;
@@ -215,79 +212,6 @@ async fn debezium_sigkill_of_debezium_mid_burst_replays_and_loses_nothing() {
 
 // ---------------------------------------------------------------- the sidecar as a process
 
-fn write_config(d: &Dbz, dir: &Path) -> std::path::PathBuf {
-    let t = &d.t;
-    let path = dir.join("sidecar.toml");
-    let toml = format!(
-        r#"
-[database]
-url = "{db}"
-[kafka]
-brokers = "{brokers}"
-topic = "{topic}"
-group_id = "{group}"
-[kafka.properties]
-"session.timeout.ms" = "3000"
-"heartbeat.interval.ms" = "300"
-[dispatch]
-retry_delay = "{delay}"
-max_in_flight = {in_flight}
-[dispatchers.accounts]
-url = "{url}"
-events = ["accounts.purchase_create", "accounts.installment_paid", "accounts.installment_overdue"]
-timeout = "5s"
-[admin]
-listen = "127.0.0.1:0"
-[shutdown]
-drain_timeout = "5s"
-[log]
-format = "json"
-"#,
-        db = t.db.url,
-        brokers = t.kafka.brokers,
-        topic = t.topic,
-        group = t.group,
-        delay = t.opts.retry_delay,
-        in_flight = t.opts.max_in_flight,
-        url = t.receiver.url(),
-    );
-    std::fs::write(&path, toml).unwrap();
-    path
-}
-
-struct Sidecar {
-    child: Child,
-    base: String,
-}
-
-fn spawn(config: &Path, log: &Path) -> Sidecar {
-    let port = free_port();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    let child = crate::cli::bin()
-        .args(["run", "--config"])
-        .arg(config)
-        .env("OUTBOX__ADMIN__LISTEN", format!("127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn the sidecar");
-    Sidecar {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    }
-}
-
-/// SIGKILL; the moment it is known dead.
-fn kill9(mut s: Sidecar) -> NaiveDateTime {
-    s.child.kill().ok();
-    s.child.wait().ok();
-    now()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "real Debezium: make test-debezium"]
 async fn debezium_sigkill_of_the_sidecar_mid_burst_loses_nothing() {
@@ -300,7 +224,7 @@ async fn debezium_sigkill_of_the_sidecar_mid_burst_loses_nothing() {
     };
     let mut d = prepare(opts, receiver).await;
     d.start_debezium(None).await;
-    let config = write_config(&d, d.dir.path());
+    let config = write_config(&d.t, d.dir.path());
     let log = d.dir.path().join("sidecar.log");
     let mut s = spawn(&config, &log);
     crate::harness::wait_ready("the sidecar", &s.base, T).await;
@@ -313,7 +237,7 @@ async fn debezium_sigkill_of_the_sidecar_mid_burst_loses_nothing() {
             (sent(&d).await >= goal).then_some(())
         })
         .await;
-        kills.push(kill9(s));
+        kills.push(crash(s));
         s = spawn(&config, &log);
         crate::harness::wait_ready("the restarted sidecar", &s.base, T).await;
     }

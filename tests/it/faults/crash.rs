@@ -3,90 +3,20 @@
 //! widens the window between a 2xx and its status write), during a retry
 //! wait, and at random — 20 cycles per `OUTBOX_FAULT_SCALE`.
 
-use crate::harness::child::free_port;
-use std::path::Path;
-use std::process::{Child, Stdio};
+use crate::harness::child::{crash, spawn, write_config};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use chrono::NaiveDateTime;
 use outbox_sidecar::store::now;
 use wiremock::ResponseTemplate;
 
 use super::check::{all_rows, check, Spec};
 use super::setup::{insert_many, prepare, scale, seed, settle_rows, Rng, T};
-use crate::harness::{eventually, Options, Receiver, TestApp};
+use crate::harness::{eventually, Options, Receiver};
 
 /// How long a 2xx takes to come back: a kill within this window after the
 /// request arrived lands between the 2xx and its status write.
 const SLOW_2XX: Duration = Duration::from_millis(400);
-
-fn write_config(t: &TestApp, dir: &Path) -> std::path::PathBuf {
-    let path = dir.join("sidecar.toml");
-    let toml = format!(
-        r#"
-[database]
-url = "{db}"
-[kafka]
-brokers = "{brokers}"
-topic = "{topic}"
-group_id = "{group}"
-[kafka.properties]
-"session.timeout.ms" = "3000"
-"heartbeat.interval.ms" = "300"
-[dispatch]
-retry_delay = "{delay}"
-max_in_flight = {in_flight}
-[dispatchers.accounts]
-url = "{url}"
-events = ["accounts.purchase_create", "accounts.installment_paid", "accounts.installment_overdue"]
-timeout = "5s"
-[admin]
-listen = "127.0.0.1:0"
-api_listen = "127.0.0.1:0"
-token = "crash-admin-token-0123456789"
-[shutdown]
-drain_timeout = "5s"
-[log]
-format = "json"
-level = "info"
-"#,
-        db = t.db.url,
-        brokers = t.kafka.brokers,
-        topic = t.topic,
-        group = t.group,
-        delay = t.opts.retry_delay,
-        in_flight = t.opts.max_in_flight,
-        url = t.receiver.url(),
-    );
-    std::fs::write(&path, toml).unwrap();
-    path
-}
-
-struct Sidecar {
-    child: Child,
-    base: String,
-}
-
-fn spawn(config: &Path, log: &Path) -> Sidecar {
-    let port = free_port();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    let child = crate::cli::bin()
-        .args(["run", "--config"])
-        .arg(config)
-        .env("OUTBOX__ADMIN__LISTEN", format!("127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn the sidecar");
-    Sidecar {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    }
-}
 
 fn signal(child: &Child, sig: &str) {
     let ok = std::process::Command::new("kill")
@@ -95,15 +25,6 @@ fn signal(child: &Child, sig: &str) {
         .unwrap()
         .success();
     assert!(ok, "kill {sig} {}", child.id());
-}
-
-/// SIGKILL now; returns the moment the process is known dead, for the
-/// checker (a request it sent just before the signal may arrive after the
-/// `kill` call).
-fn crash(mut s: Sidecar) -> NaiveDateTime {
-    signal(&s.child, "-KILL");
-    s.child.wait().expect("reap the killed sidecar");
-    now()
 }
 
 /// Polls `cond` until true or `limit`; whether it came true.
