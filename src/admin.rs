@@ -27,6 +27,7 @@ use subtle::ConstantTimeEq;
 use crate::config::Secret;
 use crate::consumer::ConsumerHealth;
 use crate::metrics::Metrics;
+use crate::store::history::{Caller, Record, Via};
 use crate::store::{ListFilter, RetryRefused, Store};
 
 /// Admin requests are small; anything larger is refused before parsing.
@@ -48,6 +49,9 @@ pub struct AdminState {
     pub stall_limit: std::time::Duration,
     /// Each dispatcher's event names (bulk resend by dispatcher).
     pub dispatchers: std::collections::BTreeMap<String, Vec<String>>,
+    /// This replica's pauses and breakers (breaker states in
+    /// `/admin/dispatchers`); `None` outside a running sidecar.
+    pub holds: Option<Arc<crate::hold::Holds>>,
 }
 
 /// The open routes of `admin.listen`: `/metrics`, `/livez`, `/readyz`.
@@ -72,6 +76,9 @@ pub fn api_router(state: AdminState) -> Router {
         .route("/admin/events/retrigger", post(retrigger))
         .route("/admin/events/{id}", get(get_event))
         .route("/admin/events/{id}/retry", post(retry_one))
+        .route("/admin/dispatchers", get(list_dispatchers))
+        .route("/admin/dispatchers/{name}/pause", post(pause_dispatcher))
+        .route("/admin/dispatchers/{name}/resume", post(resume_dispatcher))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(
@@ -204,6 +211,11 @@ pub struct EventView {
     pub updated_at: chrono::NaiveDateTime,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub payload: Option<serde_json::Value>,
+    /// `GET /admin/events/{id}`: the attempt log, oldest first (each
+    /// attempt and each resend). Named so as not to clash with R-004's
+    /// `attempts` count.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub history: Option<Vec<Record>>,
 }
 
 impl EventView {
@@ -218,6 +230,7 @@ impl EventView {
             created_at: row.created_at,
             updated_at: row.updated_at,
             payload: with_payload.then_some(row.payload),
+            history: None,
         }
     }
 }
@@ -284,7 +297,15 @@ async fn list_events(State(state): State<AdminState>, Query(q): Query<ListQuery>
 
 async fn get_event(State(state): State<AdminState>, Path(id): Path<i64>) -> Response {
     match state.store.get(id).await {
-        Ok(Some(row)) => Json(EventView::new(row, true)).into_response(),
+        Ok(Some(row)) => {
+            let history = match state.store.history(id).await {
+                Ok(h) => h,
+                Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+            };
+            let mut view = EventView::new(row, true);
+            view.history = state.store.history_table().map(|_| history);
+            Json(view).into_response()
+        }
         Ok(None) => error(StatusCode::NOT_FOUND, format!("event {id} not found")),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
@@ -296,8 +317,19 @@ async fn refresh_gauges(state: &AdminState) {
     }
 }
 
-async fn retry_one(State(state): State<AdminState>, Path(id): Path<i64>) -> Response {
-    let result = state.store.retry(id).await;
+/// `?label=` on an action: recorded with it (who, why).
+#[derive(Debug, Default, Deserialize)]
+pub struct LabelQuery {
+    label: Option<String>,
+}
+
+async fn retry_one(
+    State(state): State<AdminState>,
+    Path(id): Path<i64>,
+    Query(q): Query<LabelQuery>,
+) -> Response {
+    let caller = Caller::new(Via::AdminApi, q.label);
+    let result = state.store.retry(id, &caller).await;
     match result {
         Ok(Ok(row)) => {
             tracing::info!(id, "resent by an operator: failed -> pending");
@@ -322,6 +354,8 @@ pub struct RetryAllQuery {
     /// `true`: the count and a sample, nothing changed. (A string: query
     /// values reach a flattened struct as text.)
     dry_run: Option<String>,
+    /// Recorded with each resend in the attempt log.
+    label: Option<String>,
 }
 
 async fn retry_all(State(state): State<AdminState>, Query(q): Query<RetryAllQuery>) -> Response {
@@ -353,7 +387,8 @@ async fn retry_all(State(state): State<AdminState>, Query(q): Query<RetryAllQuer
             Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         };
     }
-    match state.store.retry_failed(&filter).await {
+    let caller = Caller::new(Via::AdminApi, q.label.clone());
+    match state.store.retry_failed(&filter, &caller).await {
         Ok(n) => {
             tracing::info!(count = n, filters = ?q.filters, "failed events resent by an operator");
             refresh_gauges(&state).await;
@@ -404,6 +439,48 @@ async fn retrigger(State(state): State<AdminState>, Query(q): Query<RetriggerQue
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
+}
+
+async fn list_dispatchers(State(state): State<AdminState>) -> Response {
+    let breakers = state
+        .holds
+        .as_ref()
+        .map(|h| h.breaker_states())
+        .unwrap_or_default();
+    match crate::operator::dispatchers(&state.store, &state.dispatchers, &breakers).await {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+fn dispatcher_answer(
+    result: Result<crate::operator::DispatcherAction, crate::operator::DispatcherError>,
+) -> Response {
+    match result {
+        Ok(action) => {
+            tracing::info!(dispatcher = %action.dispatcher, message = %action.message, "dispatcher changed by an operator");
+            Json(action).into_response()
+        }
+        Err(e @ crate::operator::DispatcherError::Unknown { .. }) => {
+            error(StatusCode::NOT_FOUND, e.to_string())
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn pause_dispatcher(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    Query(q): Query<LabelQuery>,
+) -> Response {
+    let caller = Caller::new(Via::AdminApi, q.label);
+    dispatcher_answer(
+        crate::operator::pause(&state.store, &state.dispatchers, &name, &caller).await,
+    )
+}
+
+async fn resume_dispatcher(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
+    dispatcher_answer(crate::operator::resume(&state.store, &state.dispatchers, &name).await)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use crate::admin::{self, AdminState};
 use crate::config::Settings;
 use crate::consumer::{ConsumerHealth, Pipeline};
 use crate::dispatch::Registry;
+use crate::hold::Holds;
 use crate::job::JobContext;
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -56,8 +57,19 @@ impl App {
         let metrics = Metrics::new();
         let store = Store::open(&settings).await?;
         store.check_table().await?;
+        store.check_own_tables().await?;
         let registry = Registry::from_settings(&settings.dispatchers)?;
         metrics.register_event_names(registry.event_names());
+        metrics.register_dispatchers(settings.dispatchers.keys().map(String::as_str));
+        let holds = Arc::new(Holds::new(
+            store.clone(),
+            metrics.clone(),
+            settings.dispatch.pause_refresh,
+            settings
+                .dispatchers
+                .iter()
+                .filter_map(|(name, d)| d.breaker.clone().map(|b| (name.clone(), b))),
+        ));
         let (listener, admin_addr) = bind("admin.listen", settings.admin_listen()?).await?;
         let (api_listener, api_addr) =
             bind("admin.api_listen", settings.admin_api_listen()?).await?;
@@ -72,6 +84,7 @@ impl App {
             settings.dispatch.retry_delay,
             settings.dispatch.max_attempts,
             settings.dispatch.max_in_flight,
+            holds.clone(),
         ));
         let pipeline = Pipeline::new(
             &settings.kafka,
@@ -96,6 +109,7 @@ impl App {
             // has dropped the member by then too.
             stall_limit: settings.max_poll_interval()?,
             dispatchers: settings.dispatcher_events(),
+            holds: Some(holds.clone()),
         };
         let server_shutdown = CancellationToken::new();
         let limits = ListenerLimits::from_settings(&settings);
@@ -119,6 +133,11 @@ impl App {
             settings.metrics.refresh_interval,
             shutdown.clone(),
         ));
+        let pauses = {
+            let holds = holds.clone();
+            let stop = shutdown.clone();
+            tokio::spawn(async move { holds.run(stop).await })
+        };
         let pipeline_shutdown = shutdown.clone();
         let tasks = tokio::spawn(async move {
             let run = tokio::spawn(pipeline.run(pipeline_shutdown.clone()));
@@ -129,6 +148,7 @@ impl App {
                 alive.store(false, Ordering::Relaxed);
             }
             let _ = gauges.await;
+            let _ = pauses.await;
             server_shutdown.cancel();
             let _ = server.await;
             let _ = api_server.await;

@@ -10,7 +10,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use entity::{OutboxEventRow, Status};
 
+use std::fmt::Write as _;
+
 use crate::config::Settings;
+use crate::operator;
+use crate::store::history::{Caller, Record, Via};
 use crate::store::{ListFilter, RetryRefused, Store};
 
 pub const EXIT_OK: i32 = 0;
@@ -37,9 +41,12 @@ pub enum Command {
     Run,
     /// Create or upgrade the outbox table; safe to run any number of times.
     Migrate,
-    /// List or resend events.
+    /// List, show, resend, retrigger events; prune the attempt log.
     #[command(subcommand)]
     Events(EventsCommand),
+    /// List, pause or resume dispatchers (group-wide).
+    #[command(subcommand)]
+    Dispatchers(DispatchersCommand),
     /// Print the effective configuration, secrets replaced by ***.
     Config,
     /// Play R-004's decision table with everything embedded.
@@ -89,6 +96,21 @@ pub enum EventsCommand {
         /// Confirm a resend of more than 1,000 events.
         #[arg(long, requires = "all_failed")]
         yes: bool,
+        /// Recorded with each resend in the attempt log (who, why).
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// One event: the row, then its attempts and resends (the attempt log).
+    Show { id: i64 },
+    /// Delete attempt-log rows older than history.retention (or
+    /// --older-than), in small batches; never an outbox_events row.
+    Prune {
+        /// e.g. 30d, 12h; default: history.retention.
+        #[arg(long)]
+        older_than: Option<String>,
+        /// Rows deleted per statement.
+        #[arg(long, default_value_t = 1000)]
+        batch: u64,
     },
     /// Touch pending events (updated_at = now) so Debezium announces them
     /// again; no status or attempts change. The remedy for change events
@@ -106,6 +128,23 @@ pub enum EventsCommand {
         #[arg(long)]
         event_name: Option<String>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DispatchersCommand {
+    /// Each dispatcher, its event names and whether it is paused.
+    List,
+    /// Stop sending this dispatcher's events (every replica, within
+    /// dispatch.pause_refresh): they stay pending, no attempt is used.
+    Pause {
+        name: String,
+        /// Recorded with the pause (who, why).
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// Send again: the pause is lifted and the dispatcher's pending events
+    /// are announced again through the change feed.
+    Resume { name: String },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -140,7 +179,11 @@ pub async fn migrate(settings: &Settings) -> i32 {
     }
     // An existing table (the application's) is left as it is: say whether
     // the sidecar can work with it.
-    match store.check_table().await {
+    let checked = match store.check_table().await {
+        Ok(()) => store.check_own_tables().await,
+        Err(e) => Err(e),
+    };
+    match checked {
         Ok(()) => {
             println!("table {} is up to date", store.table());
             EXIT_OK
@@ -193,6 +236,7 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
             failed_until,
             dry_run,
             yes,
+            label,
         } => {
             debug_assert!(ids.is_empty());
             let filters = crate::operator::ResendFilters {
@@ -226,7 +270,8 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
                 );
                 return EXIT_FAILED;
             }
-            match store.retry_failed(&filter).await {
+            let caller = Caller::new(Via::Cli, label);
+            match store.retry_failed(&filter, &caller).await {
                 Ok(n) => {
                     println!("resent {n} failed event(s)");
                     EXIT_OK
@@ -258,10 +303,46 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
                 Err(e) => fail(&e),
             }
         }
-        EventsCommand::Retry { ids, .. } => {
+        EventsCommand::Show { id } => show(&store, id).await,
+        EventsCommand::Prune { older_than, batch } => {
+            if store.history_table().is_none() {
+                eprintln!(
+                    "error: the attempt log is off (history.enabled = false): nothing to prune"
+                );
+                return EXIT_USAGE;
+            }
+            let age = match older_than.as_deref().map(crate::config::duration::parse) {
+                None => settings.history.retention,
+                Some(Ok(d)) if !d.is_zero() => d,
+                Some(Ok(_)) => {
+                    eprintln!("error: --older-than: must be above zero");
+                    return EXIT_USAGE;
+                }
+                Some(Err(e)) => {
+                    eprintln!("error: --older-than: {e}");
+                    return EXIT_USAGE;
+                }
+            };
+            if batch == 0 {
+                eprintln!("error: --batch: must be at least 1");
+                return EXIT_USAGE;
+            }
+            match store.prune_history(age, batch).await {
+                Ok(n) => {
+                    println!(
+                        "pruned {n} attempt-log row(s) older than {}",
+                        humantime::format_duration(age)
+                    );
+                    EXIT_OK
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        EventsCommand::Retry { ids, label, .. } => {
+            let caller = Caller::new(Via::Cli, label);
             let mut code = EXIT_OK;
             for id in ids {
-                match store.retry(id).await {
+                match store.retry(id, &caller).await {
                     Ok(Ok(row)) => println!(
                         "event {}: failed -> pending (attempts {})",
                         row.id, row.attempts
@@ -275,6 +356,140 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
             }
             code
         }
+    }
+}
+
+/// `events show`: the row, its payload, then the attempt log.
+async fn show(store: &Store, id: i64) -> i32 {
+    let row = match store.get(id).await {
+        Ok(Some(row)) => row,
+        Ok(None) => {
+            eprintln!("error: event {id} not found");
+            return EXIT_FAILED;
+        }
+        Err(e) => return fail(&e),
+    };
+    let history = match store.history(id).await {
+        Ok(h) => h,
+        Err(e) => return fail(&e),
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(render_event(&row, &history, store.history_table().is_some()).as_bytes());
+    EXIT_OK
+}
+
+/// The text of `events show`.
+pub fn render_event(row: &OutboxEventRow, history: &[Record], logged: bool) -> String {
+    let time = |t: &chrono::NaiveDateTime| t.format("%Y-%m-%d %H:%M:%S%.3f").to_string();
+    let mut s = String::new();
+    let _ = writeln!(s, "event {}  {}", row.id, row.event_name);
+    let _ = writeln!(s, "  status      {}", row.status);
+    let _ = writeln!(s, "  attempts    {}", row.attempts);
+    let _ = writeln!(
+        s,
+        "  last_error  {}",
+        row.last_error.as_deref().unwrap_or("-")
+    );
+    let _ = writeln!(s, "  created_at  {}", time(&row.created_at));
+    let _ = writeln!(s, "  updated_at  {}", time(&row.updated_at));
+    let _ = writeln!(
+        s,
+        "  sent_at     {}",
+        row.sent_at.as_ref().map(time).unwrap_or_else(|| "-".into())
+    );
+    let payload = serde_json::to_string_pretty(&row.payload).unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "  payload     {}",
+        payload.replace('\n', "\n              ")
+    );
+    if !logged {
+        let _ = writeln!(s, "history: off (history.enabled = false)");
+        return s;
+    }
+    if history.is_empty() {
+        let _ = writeln!(s, "history: none recorded");
+        return s;
+    }
+    let _ = writeln!(s, "history (UTC):");
+    for r in history {
+        let line = match r.kind.as_str() {
+            "resend" => format!(
+                "  {}  resend   via {}{}",
+                time(&r.started_at),
+                r.via.as_deref().unwrap_or("?"),
+                r.label
+                    .as_deref()
+                    .map(|l| format!(" ({l})"))
+                    .unwrap_or_default()
+            ),
+            _ => format!(
+                "  {}  attempt {} {:<7} {:>5} ms  {}  on {}{}",
+                time(&r.started_at),
+                r.attempt.unwrap_or(0),
+                r.outcome.as_deref().unwrap_or("?"),
+                r.duration_ms.unwrap_or(0),
+                r.http_status
+                    .map(|c| format!("HTTP {c}"))
+                    .unwrap_or_else(|| "no answer".into()),
+                r.replica.as_deref().unwrap_or("?"),
+                r.detail
+                    .as_deref()
+                    .map(|d| format!("  {d}"))
+                    .unwrap_or_default()
+            ),
+        };
+        let _ = writeln!(s, "{line}");
+    }
+    s
+}
+
+/// `dispatchers list|pause|resume`.
+pub async fn dispatchers(settings: &Settings, cmd: DispatchersCommand) -> i32 {
+    let store = match open_store(settings).await {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    let configured = settings.dispatcher_events();
+    let result = match cmd {
+        DispatchersCommand::List => {
+            return match operator::dispatchers(&store, &configured, &Default::default()).await {
+                Ok(list) => {
+                    for d in list {
+                        let state = match (&d.paused_at, &d.paused_via) {
+                            (Some(at), Some(via)) => format!(
+                                "paused since {} UTC via {via}{}",
+                                at.format("%Y-%m-%d %H:%M:%S"),
+                                d.paused_label
+                                    .as_deref()
+                                    .map(|l| format!(" ({l})"))
+                                    .unwrap_or_default()
+                            ),
+                            _ => "sending".to_owned(),
+                        };
+                        println!("{:<20} {:<40} {state}", d.name, d.events.join(","));
+                    }
+                    EXIT_OK
+                }
+                Err(e) => fail(&e),
+            };
+        }
+        DispatchersCommand::Pause { name, label } => {
+            let caller = Caller::new(Via::Cli, label);
+            operator::pause(&store, &configured, &name, &caller).await
+        }
+        DispatchersCommand::Resume { name } => operator::resume(&store, &configured, &name).await,
+    };
+    match result {
+        Ok(action) => {
+            println!("{}", action.message);
+            EXIT_OK
+        }
+        Err(e @ operator::DispatcherError::Unknown { .. }) => {
+            eprintln!("error: {e}");
+            EXIT_USAGE
+        }
+        Err(e) => fail(&e),
     }
 }
 

@@ -34,8 +34,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn, Instrument};
 
 use crate::dispatch::{Delivery, Registry};
+use crate::hold::{Holds, Verdict};
 use crate::metrics::Metrics;
 use crate::store::batch::{RowReader, Sent, StatusWriter};
+use crate::store::history::Attempt;
 use crate::store::{Outcome, RowRead, Store, StoreError};
 
 /// What a job needs, shared by all jobs.
@@ -48,6 +50,9 @@ pub struct JobContext {
     pub registry: Registry,
     pub metrics: Metrics,
     pub retry_delay: Duration,
+    pub max_attempts: i32,
+    /// Paused dispatchers and breakers.
+    pub holds: Arc<Holds>,
     /// Cancelled when the drain deadline passes: give up even status writes.
     pub abort: CancellationToken,
     /// The in-flight limit: one permit per job between its POST and its
@@ -69,6 +74,7 @@ impl JobContext {
         retry_delay: Duration,
         max_attempts: i32,
         max_in_flight: usize,
+        holds: Arc<Holds>,
     ) -> Self {
         JobContext {
             status_writer: StatusWriter::spawn(store.clone(), max_attempts),
@@ -77,6 +83,8 @@ impl JobContext {
             registry,
             metrics,
             retry_delay,
+            max_attempts,
+            holds,
             abort: CancellationToken::new(),
             slots: Arc::new(Semaphore::new(max_in_flight)),
             waiting: AtomicUsize::new(0),
@@ -202,6 +210,9 @@ pub enum JobEnd {
     /// after try: the row keeps its last state (the pending-age alert sees
     /// it), its message is finished so its neighbours are not held up.
     GaveUp,
+    /// The dispatcher is paused: nothing sent, no attempt used, the row
+    /// stays pending; the resume announces it again through the change feed.
+    Parked,
 }
 
 impl JobEnd {
@@ -210,7 +221,7 @@ impl JobEnd {
     pub fn finishes_message(&self) -> bool {
         matches!(
             self,
-            JobEnd::Sent | JobEnd::Failed | JobEnd::Conflict(_) | JobEnd::GaveUp
+            JobEnd::Sent | JobEnd::Failed | JobEnd::Conflict(_) | JobEnd::GaveUp | JobEnd::Parked
         )
     }
 }
@@ -249,6 +260,15 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
             if lease.is_cancelled() {
                 return JobEnd::Cancelled;
             }
+            // A paused dispatcher or an open breaker: no attempt used.
+            let dispatcher = ctx.registry.get(&row.event_name).map(|d| d.name().to_owned());
+            let probe = match &dispatcher {
+                None => false,
+                Some(name) => match hold(&ctx, &lease, name, &row).await {
+                    Ok(probe) => probe,
+                    Err(end) => return end,
+                },
+            };
             // Both held until this attempt's status is written.
             let _slot = tokio::select! {
                 biased;
@@ -264,6 +284,8 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
             let attempt = row.attempts + 1;
             event_span.record("attempt", attempt);
             let label = ctx.registry.label(&row.event_name).to_owned();
+            let started_at = crate::store::now();
+            let started = Instant::now();
             let (delivery, timing) = ctx.registry.dispatch(&row, attempt).await;
             if let Some((dispatcher, elapsed)) = timing {
                 ctx.metrics
@@ -271,10 +293,32 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                     .with_label_values(&[dispatcher])
                     .observe(elapsed.as_secs_f64());
             }
+            if let Some(name) = &dispatcher {
+                let success = matches!(delivery, Delivery::Delivered { .. });
+                ctx.holds.report(name, success, probe);
+            }
+            // The attempt log's row, written with the status.
+            let record = ctx.store.history_table().map(|_| {
+                let (http_status, detail) = match &delivery {
+                    Delivery::Delivered { status, excerpt } => (Some(*status), excerpt.clone()),
+                    Delivery::Failed { error, status } => (*status, error.clone()),
+                };
+                Attempt {
+                    event_id: row.id,
+                    attempt,
+                    started_at,
+                    duration_ms: i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX),
+                    http_status,
+                    detail: Some(detail).filter(|d| !d.is_empty()),
+                }
+            });
             match delivery {
-                Delivery::Delivered { status } => {
+                Delivery::Delivered { status, .. } => {
                     ctx.metrics.dispatch_total.with_label_values(&[&label, "success"]).inc();
-                    let written = write(&ctx, "sent", || ctx.status_writer.mark_sent(&row)).await;
+                    let written = write(&ctx, "sent", || {
+                        ctx.status_writer.mark_sent(&row, record.as_ref())
+                    })
+                    .await;
                     return match written {
                         Err(end) => end,
                         Ok(Sent::Applied { .. }) => {
@@ -291,11 +335,12 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                         Ok(Sent::NotFound(_)) => JobEnd::Conflict(Status::Pending),
                     };
                 }
-                Delivery::Failed { error } => {
+                Delivery::Failed { error, .. } => {
                     ctx.metrics.dispatch_total.with_label_values(&[&label, "failure"]).inc();
                     let expected_error = ctx.store.truncate_error(&error);
                     let written = write(&ctx, "failure", || {
-                        ctx.status_writer.register_failure(&row, &error)
+                        ctx.status_writer
+                            .register_failure(&row, &error, record.as_ref())
                     })
                     .await;
                     let next = match written {
@@ -327,6 +372,55 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
     }
     .instrument(span)
     .await
+}
+
+/// Asks the dispatcher's holds before an attempt: `Ok(probe)` to send
+/// (as the breaker's probe or not), `Err(end)` when the job ends here
+/// (parked, cancelled, or the row changed while the breaker held it).
+/// Holding waits like a retry wait (no slot, no attempt used).
+async fn hold(
+    ctx: &JobContext,
+    lease: &Lease,
+    dispatcher: &str,
+    row: &OutboxEventRow,
+) -> Result<bool, JobEnd> {
+    let attempts_left = ctx.max_attempts - row.attempts;
+    let mut held = false;
+    loop {
+        let until = match ctx.holds.verdict(dispatcher, attempts_left).await {
+            Ok(v @ (Verdict::Go | Verdict::Probe)) if held => {
+                // The row may have moved on while it was held. (A probe
+                // whose row changed never reports: the breaker lets another
+                // probe go after a cool-down.)
+                let probe = matches!(v, Verdict::Probe);
+                return match reread(ctx, lease, row).await {
+                    Reread::Same => Ok(probe),
+                    Reread::Changed(status) => Err(JobEnd::Conflict(status)),
+                    Reread::Cancelled => Err(JobEnd::Cancelled),
+                };
+            }
+            Ok(Verdict::Go) => return Ok(false),
+            Ok(Verdict::Probe) => return Ok(true),
+            Ok(Verdict::Park) => {
+                info!(
+                    dispatcher,
+                    "dispatcher paused: left pending, no attempt used"
+                );
+                return Err(JobEnd::Parked);
+            }
+            Ok(Verdict::WaitUntil(until)) => until,
+            Err(e) => {
+                warn!(error = %e, "cannot confirm the dispatcher's pause; asking again");
+                Instant::now() + Duration::from_secs(1)
+            }
+        };
+        held = true;
+        let _waiting = Waiting::new(ctx);
+        tokio::select! {
+            _ = lease.cancelled() => return Err(JobEnd::Cancelled),
+            _ = ctx.holds.hold_until(until) => {}
+        }
+    }
 }
 
 enum Reread {

@@ -32,6 +32,7 @@ pub mod config;
 pub mod consumer;
 pub mod demo;
 pub mod dispatch;
+pub mod hold;
 pub mod job;
 pub mod metrics;
 pub mod operator;

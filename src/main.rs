@@ -42,6 +42,7 @@ async fn dispatch(cli: Cli) -> i32 {
     match command {
         Command::Migrate => cli::migrate(&settings).await,
         Command::Events(cmd) => cli::events(&settings, cmd).await,
+        Command::Dispatchers(cmd) => cli::dispatchers(&settings, cmd).await,
         Command::Config => {
             print!("{}", settings.redacted_toml());
             cli::EXIT_OK

@@ -35,6 +35,14 @@ pub struct Metrics {
     /// shipped Deployment): set on every scrape.
     pub ready: IntGauge,
     pub database_up: IntGauge,
+    /// 1 while a dispatcher is paused (group-wide, from the pause table).
+    pub dispatcher_paused: IntGaugeVec,
+    /// How long a paused dispatcher has been paused; 0 when it is not.
+    pub dispatcher_paused_seconds: prometheus::GaugeVec,
+    /// 0 closed, 1 open, 2 half-open (this replica's breaker).
+    pub dispatcher_breaker_state: IntGaugeVec,
+    /// Events left pending because their dispatcher was paused.
+    pub events_parked_total: IntCounterVec,
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -184,6 +192,38 @@ impl Metrics {
             "outbox_database_up",
             "1 when the last read of the table gauges reached the database",
         ));
+        let dispatcher_paused = must(IntGaugeVec::new(
+            Opts::new(
+                "outbox_dispatcher_paused",
+                "1 while the dispatcher is paused (outbox-sidecar dispatchers pause): its events stay pending",
+            ),
+            &["dispatcher"],
+        ));
+        let dispatcher_paused_seconds = must(prometheus::GaugeVec::new(
+            Opts::new(
+                "outbox_dispatcher_paused_seconds",
+                "Seconds since the dispatcher was paused; 0 when it is not",
+            ),
+            &["dispatcher"],
+        ));
+        let dispatcher_breaker_state = must(IntGaugeVec::new(
+            Opts::new(
+                "outbox_dispatcher_breaker_state",
+                "This replica's breaker of the dispatcher: 0 closed, 1 open (events held), 2 half-open (one probe)",
+            ),
+            &["dispatcher"],
+        ));
+        let events_parked_total = must(IntCounterVec::new(
+            Opts::new(
+                "outbox_events_parked_total",
+                "Events left pending, no attempt used, because their dispatcher was paused; resumed through the change feed",
+            ),
+            &["dispatcher"],
+        ));
+        reg(Box::new(dispatcher_paused.clone()));
+        reg(Box::new(dispatcher_paused_seconds.clone()));
+        reg(Box::new(dispatcher_breaker_state.clone()));
+        reg(Box::new(events_parked_total.clone()));
         reg(Box::new(ready.clone()));
         reg(Box::new(database_up.clone()));
         reg(Box::new(events_failed.clone()));
@@ -230,6 +270,24 @@ impl Metrics {
             consumer_errors_total,
             ready,
             database_up,
+            dispatcher_paused,
+            dispatcher_paused_seconds,
+            dispatcher_breaker_state,
+            events_parked_total,
+        }
+    }
+
+    /// Pre-creates the per-dispatcher series (not paused, breaker closed).
+    pub fn register_dispatchers<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        for name in names {
+            self.dispatcher_paused.with_label_values(&[name]).set(0);
+            self.dispatcher_paused_seconds
+                .with_label_values(&[name])
+                .set(0.0);
+            self.dispatcher_breaker_state
+                .with_label_values(&[name])
+                .set(0);
+            self.events_parked_total.with_label_values(&[name]);
         }
     }
 

@@ -1,14 +1,16 @@
 //! What an operator asks of the table during and after an outage, in one
 //! place for the CLI and the admin API: which failed rows a bulk resend
 //! takes (by event name, dispatcher, error text, failure time), and which
-//! pending rows to announce again (`retrigger`).
+//! pending rows to announce again (`retrigger`), and pausing or resuming a
+//! dispatcher. The console calls the same functions.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::NaiveDateTime;
 
-use crate::store::{FailedFilter, RetriggerFilter};
+use crate::store::history::Caller;
+use crate::store::{FailedFilter, RetriggerFilter, Store, StoreError};
 
 /// A bulk resend above this many rows must be confirmed (`--yes`).
 pub const CONFIRM_ABOVE: u64 = 1_000;
@@ -63,6 +65,128 @@ impl ResendFilters {
                 .transpose()?,
         })
     }
+}
+
+/// A dispatcher as operators see it: its event names, whether it is
+/// paused (group-wide) and, where known (the sidecar's own admin API),
+/// this replica's breaker.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DispatcherView {
+    pub name: String,
+    pub events: Vec<String>,
+    pub paused: bool,
+    pub paused_at: Option<NaiveDateTime>,
+    pub paused_via: Option<String>,
+    pub paused_label: Option<String>,
+    /// `closed`, `open`, `half-open`; absent without a breaker (or from
+    /// the CLI, which has no breaker).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<String>,
+}
+
+/// Why a dispatcher action was not done.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatcherError {
+    #[error("no dispatcher {name:?} (configured: {known})")]
+    Unknown { name: String, known: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn known(dispatchers: &BTreeMap<String, Vec<String>>, name: &str) -> Result<(), DispatcherError> {
+    if dispatchers.contains_key(name) {
+        return Ok(());
+    }
+    Err(DispatcherError::Unknown {
+        name: name.to_owned(),
+        known: dispatchers.keys().cloned().collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// Every configured dispatcher with its pause; `breakers` from this
+/// replica when known.
+pub async fn dispatchers(
+    store: &Store,
+    dispatchers: &BTreeMap<String, Vec<String>>,
+    breakers: &std::collections::HashMap<String, &'static str>,
+) -> Result<Vec<DispatcherView>, StoreError> {
+    let pauses = store.pauses().await?;
+    Ok(dispatchers
+        .iter()
+        .map(|(name, events)| {
+            let pause = pauses.iter().find(|p| &p.dispatcher == name);
+            DispatcherView {
+                name: name.clone(),
+                events: events.clone(),
+                paused: pause.is_some(),
+                paused_at: pause.map(|p| p.paused_at),
+                paused_via: pause.map(|p| p.via.clone()),
+                paused_label: pause.and_then(|p| p.label.clone()),
+                breaker: breakers.get(name).map(|s| (*s).to_owned()),
+            }
+        })
+        .collect())
+}
+
+/// What a pause or resume did, in the words every surface shows.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DispatcherAction {
+    pub dispatcher: String,
+    pub paused: bool,
+    /// Whether this call changed anything.
+    pub changed: bool,
+    /// On resume: pending events announced again.
+    pub retriggered: u64,
+    pub message: String,
+}
+
+/// Pauses `name` group-wide (every replica within `dispatch.pause_refresh`).
+pub async fn pause(
+    store: &Store,
+    dispatchers: &BTreeMap<String, Vec<String>>,
+    name: &str,
+    caller: &Caller,
+) -> Result<DispatcherAction, DispatcherError> {
+    known(dispatchers, name)?;
+    let changed = store.pause(name, caller).await?;
+    Ok(DispatcherAction {
+        dispatcher: name.to_owned(),
+        paused: true,
+        changed,
+        retriggered: 0,
+        message: if changed {
+            format!("dispatcher {name} paused: its events stay pending, no attempt is used")
+        } else {
+            format!("dispatcher {name} was already paused")
+        },
+    })
+}
+
+/// Resumes `name` and announces its pending events again.
+pub async fn resume(
+    store: &Store,
+    dispatchers: &BTreeMap<String, Vec<String>>,
+    name: &str,
+) -> Result<DispatcherAction, DispatcherError> {
+    known(dispatchers, name)?;
+    let events = &dispatchers[name];
+    let resumed = store.resume(name, events).await?;
+    Ok(match resumed {
+        Some(n) => DispatcherAction {
+            dispatcher: name.to_owned(),
+            paused: false,
+            changed: true,
+            retriggered: n,
+            message: format!("dispatcher {name} resumed: {n} pending event(s) announced again"),
+        },
+        None => DispatcherAction {
+            dispatcher: name.to_owned(),
+            paused: false,
+            changed: false,
+            retriggered: 0,
+            message: format!("dispatcher {name} was not paused"),
+        },
+    })
 }
 
 /// A time as operators write it: RFC 3339 (`2026-12-01T02:00:00Z`,

@@ -71,7 +71,7 @@ enum Col {
 
 /// Rails writes `datetime(6)` on MySQL; a bare `datetime` would cut
 /// `updated_at` to whole seconds and make retry spacing imprecise.
-fn timestamp_col(backend: DbBackend, col: Col) -> ColumnDef {
+fn timestamp_col<T: IntoIden>(backend: DbBackend, col: T) -> ColumnDef {
     let mut def = ColumnDef::new(col);
     match backend {
         DbBackend::MySql => def.custom(Alias::new("datetime(6)")),
@@ -141,5 +141,179 @@ impl MigrationTrait for CreateOutboxEvents {
             "refusing to drop table {:?}: it may hold the application's events",
             self.table
         )))
+    }
+}
+
+/// The attempt log (`history.table`): one row per attempt and per resend,
+/// beside the application's table and never joined to it by a foreign key
+/// (the application may delete its rows; the log is pruned on its own).
+pub struct CreateAttemptLog {
+    table: String,
+}
+
+impl CreateAttemptLog {
+    pub fn new(table: &str) -> Self {
+        Self {
+            table: table.to_owned(),
+        }
+    }
+}
+
+#[derive(DeriveIden)]
+enum Log {
+    Id,
+    EventId,
+    Kind,
+    Attempt,
+    StartedAt,
+    DurationMs,
+    Outcome,
+    HttpStatus,
+    Detail,
+    Replica,
+    Via,
+    Label,
+}
+
+/// Creates the attempt log `table` and its indexes when missing.
+pub async fn apply_attempt_log<'c, C>(db: C, table: &str) -> Result<(), DbErr>
+where
+    C: sea_orm_migration::IntoSchemaManagerConnection<'c>,
+{
+    CreateAttemptLog::new(table)
+        .up(&SchemaManager::new(db))
+        .await
+}
+
+impl MigrationName for CreateAttemptLog {
+    fn name(&self) -> &str {
+        "m20261201_000001_create_outbox_event_attempts"
+    }
+}
+
+#[async_trait::async_trait]
+impl MigrationTrait for CreateAttemptLog {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let backend = manager.get_database_backend();
+        let table = Alias::new(&self.table);
+        manager
+            .create_table(
+                Table::create()
+                    .table(table.clone())
+                    .if_not_exists()
+                    .col(
+                        ColumnDef::new(Log::Id)
+                            .big_integer()
+                            .not_null()
+                            .auto_increment()
+                            .primary_key(),
+                    )
+                    .col(ColumnDef::new(Log::EventId).big_integer().not_null())
+                    .col(ColumnDef::new(Log::Kind).string_len(16).not_null())
+                    .col(ColumnDef::new(Log::Attempt).integer().null())
+                    .col(timestamp_col(backend, Log::StartedAt).not_null())
+                    .col(ColumnDef::new(Log::DurationMs).integer().null())
+                    .col(ColumnDef::new(Log::Outcome).string_len(16).null())
+                    .col(ColumnDef::new(Log::HttpStatus).integer().null())
+                    .col(ColumnDef::new(Log::Detail).text().null())
+                    .col(ColumnDef::new(Log::Replica).string_len(255).null())
+                    .col(ColumnDef::new(Log::Via).string_len(32).null())
+                    .col(ColumnDef::new(Log::Label).string_len(255).null())
+                    .to_owned(),
+            )
+            .await?;
+        for (suffix, col) in [("event_id", Log::EventId), ("started_at", Log::StartedAt)] {
+            let index = format!("index_{}_on_{suffix}", self.table);
+            if !manager.has_index(&self.table, &index).await? {
+                manager
+                    .create_index(
+                        Index::create()
+                            .name(&index)
+                            .table(table.clone())
+                            .col(col)
+                            .to_owned(),
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .drop_table(
+                Table::drop()
+                    .table(Alias::new(&self.table))
+                    .if_exists()
+                    .to_owned(),
+            )
+            .await
+    }
+}
+
+/// Paused dispatchers (`dispatch.pause_table`): a row per paused
+/// dispatcher, read by every replica.
+pub struct CreatePauses {
+    table: String,
+}
+
+#[derive(DeriveIden)]
+enum Pause {
+    Dispatcher,
+    PausedAt,
+    Via,
+    Label,
+}
+
+/// Creates the pause `table` when missing.
+pub async fn apply_pauses<'c, C>(db: C, table: &str) -> Result<(), DbErr>
+where
+    C: sea_orm_migration::IntoSchemaManagerConnection<'c>,
+{
+    CreatePauses {
+        table: table.to_owned(),
+    }
+    .up(&SchemaManager::new(db))
+    .await
+}
+
+impl MigrationName for CreatePauses {
+    fn name(&self) -> &str {
+        "m20261201_000002_create_outbox_dispatcher_pauses"
+    }
+}
+
+#[async_trait::async_trait]
+impl MigrationTrait for CreatePauses {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let backend = manager.get_database_backend();
+        manager
+            .create_table(
+                Table::create()
+                    .table(Alias::new(&self.table))
+                    .if_not_exists()
+                    .col(
+                        ColumnDef::new(Pause::Dispatcher)
+                            .string_len(255)
+                            .not_null()
+                            .primary_key(),
+                    )
+                    .col(timestamp_col(backend, Pause::PausedAt).not_null())
+                    .col(ColumnDef::new(Pause::Via).string_len(32).not_null())
+                    .col(ColumnDef::new(Pause::Label).string_len(255).null())
+                    .to_owned(),
+            )
+            .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .drop_table(
+                Table::drop()
+                    .table(Alias::new(&self.table))
+                    .if_exists()
+                    .to_owned(),
+            )
+            .await
     }
 }

@@ -82,6 +82,8 @@ pub struct Settings {
     pub shutdown: ShutdownSettings,
     #[serde(default)]
     pub log: LogSettings,
+    #[serde(default)]
+    pub history: HistorySettings,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -179,6 +181,13 @@ pub struct DispatchSettings {
     /// rows being read, rows of running jobs).
     #[serde(default = "default_max_buffered_bytes", with = "byte_size")]
     pub max_buffered_bytes: usize,
+    /// The table of paused dispatchers (created by `migrate`), read by
+    /// every replica.
+    #[serde(default = "default_pause_table")]
+    pub pause_table: String,
+    /// How often each replica reads the paused dispatchers.
+    #[serde(default = "default_pause_refresh", with = "duration")]
+    pub pause_refresh: Duration,
 }
 
 impl Default for DispatchSettings {
@@ -188,8 +197,92 @@ impl Default for DispatchSettings {
             retry_delay: default_retry_delay(),
             max_in_flight: default_max_in_flight(),
             max_buffered_bytes: default_max_buffered_bytes(),
+            pause_table: default_pause_table(),
+            pause_refresh: default_pause_refresh(),
         }
     }
+}
+
+fn default_pause_table() -> String {
+    "outbox_dispatcher_pauses".to_owned()
+}
+
+fn default_pause_refresh() -> Duration {
+    Duration::from_secs(1)
+}
+
+/// The attempt log (`[history]`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistorySettings {
+    /// One row per attempt and per resend in `table`; off: nothing is
+    /// written there (R-004's own columns only).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    #[serde(default = "default_history_table")]
+    pub table: String,
+    /// What `events prune` keeps.
+    #[serde(default = "default_history_retention", with = "duration")]
+    pub retention: Duration,
+    /// This replica's name in the log; unset: `$HOSTNAME` (the pod name).
+    #[serde(default)]
+    pub replica: Option<String>,
+}
+
+impl Default for HistorySettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            table: default_history_table(),
+            retention: default_history_retention(),
+            replica: None,
+        }
+    }
+}
+
+impl HistorySettings {
+    /// The replica name written with each attempt.
+    pub fn replica_name(&self) -> String {
+        self.replica
+            .clone()
+            .filter(|r| !r.trim().is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+            .unwrap_or_else(|| "unknown".to_owned())
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_history_table() -> String {
+    "outbox_event_attempts".to_owned()
+}
+
+fn default_history_retention() -> Duration {
+    Duration::from_secs(30 * 24 * 3600)
+}
+
+/// `[dispatchers.NAME.breaker]`: after `failures` failures in a row
+/// (within `within` of each other) the dispatcher holds its events for
+/// `cool_down`, then lets one through as a probe.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerSettings {
+    #[serde(default = "default_breaker_failures")]
+    pub failures: u32,
+    #[serde(default = "default_breaker_window", with = "duration")]
+    pub within: Duration,
+    #[serde(default = "default_breaker_window", with = "duration")]
+    pub cool_down: Duration,
+}
+
+fn default_breaker_failures() -> u32 {
+    5
+}
+
+fn default_breaker_window() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_max_buffered_bytes() -> usize {
@@ -227,6 +320,9 @@ pub struct DispatcherSettings {
     /// `"1.2"` or `"1.3"`; unset: 1.2 (rustls speaks nothing older).
     #[serde(default)]
     pub min_tls_version: Option<TlsVersion>,
+    /// Off unless set (R-004: any failure counts).
+    #[serde(default)]
+    pub breaker: Option<BreakerSettings>,
 }
 
 /// The lowest TLS version a dispatcher's client negotiates.
@@ -250,6 +346,7 @@ impl std::fmt::Debug for DispatcherSettings {
             .field("client_cert_file", &self.client_cert_file)
             .field("client_key_file", &self.client_key_file)
             .field("min_tls_version", &self.min_tls_version)
+            .field("breaker", &self.breaker)
             .finish()
     }
 }
@@ -573,6 +670,42 @@ impl Settings {
                 ),
             ));
         }
+        for (key, table) in [
+            ("history.table", &self.history.table),
+            ("dispatch.pause_table", &self.dispatch.pause_table),
+        ] {
+            if !valid_identifier(table) {
+                return Err(ConfigError::key(
+                    key,
+                    format!("{table:?} is not a plain table name (letters, digits and _)"),
+                ));
+            }
+            if table.eq_ignore_ascii_case(&self.database.table) {
+                return Err(ConfigError::key(
+                    key,
+                    format!("{table:?} is database.table; the sidecar's own tables need their own names"),
+                ));
+            }
+        }
+        if self
+            .history
+            .table
+            .eq_ignore_ascii_case(&self.dispatch.pause_table)
+        {
+            return Err(ConfigError::key(
+                "dispatch.pause_table",
+                "is history.table too; each needs its own name",
+            ));
+        }
+        if self.history.retention.is_zero() {
+            return Err(ConfigError::key("history.retention", "must be above zero"));
+        }
+        if self.dispatch.pause_refresh.is_zero() {
+            return Err(ConfigError::key(
+                "dispatch.pause_refresh",
+                "must be above zero",
+            ));
+        }
         if self.database.max_connections == 0 {
             return Err(ConfigError::key(
                 "database.max_connections",
@@ -655,6 +788,26 @@ impl Settings {
             }
             if d.timeout.is_zero() {
                 return Err(ConfigError::key(key("timeout"), "must be above zero"));
+            }
+            if let Some(b) = &d.breaker {
+                if b.failures == 0 {
+                    return Err(ConfigError::key(
+                        key("breaker.failures"),
+                        "must be at least 1",
+                    ));
+                }
+                if b.within.is_zero() {
+                    return Err(ConfigError::key(
+                        key("breaker.within"),
+                        "must be above zero",
+                    ));
+                }
+                if b.cool_down.is_zero() {
+                    return Err(ConfigError::key(
+                        key("breaker.cool_down"),
+                        "must be above zero",
+                    ));
+                }
             }
             for (header, value) in &d.headers {
                 if reqwest::header::HeaderName::from_bytes(header.as_bytes()).is_err() {

@@ -25,11 +25,17 @@ pub enum DispatchBuildError {
     Invalid { name: String, message: String },
 }
 
+/// How much of a 2xx body is read (to its end, so the connection is
+/// reused) before the rest is dropped with the connection.
+const SUCCESS_BODY_LIMIT: usize = 64 * 1024;
+
 /// The outcome of one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Delivery {
-    Delivered { status: u16 },
-    Failed { error: String },
+    /// A 2xx; `excerpt`: the start of the body, redacted, for the attempt log.
+    Delivered { status: u16, excerpt: String },
+    /// Anything else; `status` when the receiver answered.
+    Failed { error: String, status: Option<u16> },
 }
 
 pub struct Dispatcher {
@@ -108,6 +114,7 @@ impl Dispatcher {
             Err(e) => {
                 return Delivery::Failed {
                     error: format!("payload is not serialisable: {e}"),
+                    status: None,
                 }
             }
         };
@@ -124,21 +131,28 @@ impl Dispatcher {
             Ok(mut resp) => {
                 let status = resp.status();
                 if status.is_success() {
+                    // Read to the end (bounded): a body left unread closes
+                    // the connection instead of returning it to the pool.
+                    let body = read_body(&mut resp, SUCCESS_BODY_LIMIT).await;
                     return Delivery::Delivered {
                         status: status.as_u16(),
+                        excerpt: shorten(self.redact(one_line(&body))),
                     };
                 }
-                let excerpt = shorten(self.redact(read_excerpt(&mut resp).await));
+                let body = read_body(&mut resp, BODY_EXCERPT_BYTES * 4).await;
+                let excerpt = shorten(self.redact(one_line(&body)));
                 Delivery::Failed {
                     error: if excerpt.is_empty() {
                         format!("HTTP {}", status.as_u16())
                     } else {
                         format!("HTTP {}: {excerpt}", status.as_u16())
                     },
+                    status: Some(status.as_u16()),
                 }
             }
             Err(e) => Delivery::Failed {
                 error: describe_error(&e, self.timeout),
+                status: None,
             },
         }
     }
@@ -169,18 +183,25 @@ fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
     }
 }
 
-/// The start of an error body, on one line; never the whole body. Read a
-/// little past the excerpt so a secret straddling its end is still whole
-/// when [`Dispatcher::redact`] looks for it.
-async fn read_excerpt(resp: &mut reqwest::Response) -> String {
+/// The start of a body, up to about `limit` bytes (an error body: a little
+/// past the excerpt, so a secret straddling its end is still whole when
+/// [`Dispatcher::redact`] looks for it); never more.
+async fn read_body(resp: &mut reqwest::Response, limit: usize) -> Vec<u8> {
     let mut buf: Vec<u8> = Vec::new();
-    while buf.len() < BODY_EXCERPT_BYTES * 4 {
+    while buf.len() < limit {
         match resp.chunk().await {
             Ok(Some(chunk)) => buf.extend_from_slice(&chunk),
             _ => break,
         }
     }
-    String::from_utf8_lossy(&buf)
+    buf
+}
+
+/// A body's start as text on one line; only the first bytes are looked
+/// at (an excerpt is all that is kept).
+fn one_line(body: &[u8]) -> String {
+    let head = &body[..body.len().min(BODY_EXCERPT_BYTES * 4)];
+    String::from_utf8_lossy(head)
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()
@@ -270,6 +291,7 @@ impl Registry {
                         "no dispatcher registered for event_name {:?}",
                         row.event_name
                     ),
+                    status: None,
                 },
                 None,
             ),

@@ -21,6 +21,7 @@ use sea_orm::sea_query::{Alias, Cond, Expr, ExprTrait, Query};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use super::history::Attempt;
 use super::{db_err, failure_values, now, Outcome, RowRead, Store, StoreError};
 
 /// Writes per batch (of both kinds together).
@@ -76,8 +77,8 @@ pub struct Failure {
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 enum Request {
-    Sent(Key, Reply<Sent>),
-    Failure(Failure, Reply<Outcome>),
+    Sent(Key, Option<Attempt>, Reply<Sent>),
+    Failure(Failure, Option<Attempt>, Reply<Outcome>),
 }
 
 /// The batching writer shared by all jobs; cheap to clone.
@@ -95,26 +96,33 @@ impl StatusWriter {
         StatusWriter { tx }
     }
 
-    /// As [`Store::mark_sent`], batched with other jobs' writes.
-    pub async fn mark_sent(&self, row: &OutboxEventRow) -> Result<Sent, StoreError> {
+    /// As [`Store::mark_sent`], batched with other jobs' writes; with the
+    /// attempt log on, `attempt` is recorded in the same write.
+    pub async fn mark_sent(
+        &self,
+        row: &OutboxEventRow,
+        attempt: Option<&Attempt>,
+    ) -> Result<Sent, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.ask(Request::Sent(Key::from(row), reply), answer, SENT_ACTION)
-            .await
+        let request = Request::Sent(Key::from(row), attempt.cloned(), reply);
+        self.ask(request, answer, SENT_ACTION).await
     }
 
-    /// As [`Store::register_failure`], batched with other jobs' writes.
+    /// As [`Store::register_failure`], batched with other jobs' writes;
+    /// with the attempt log on, `attempt` is recorded in the same write.
     pub async fn register_failure(
         &self,
         row: &OutboxEventRow,
         error: &str,
+        attempt: Option<&Attempt>,
     ) -> Result<Outcome, StoreError> {
         let (reply, answer) = oneshot::channel();
         let failure = Failure {
             seen: row.clone(),
             error: error.to_owned(),
         };
-        self.ask(Request::Failure(failure, reply), answer, FAILURE_ACTION)
-            .await
+        let request = Request::Failure(failure, attempt.cloned(), reply);
+        self.ask(request, answer, FAILURE_ACTION).await
     }
 
     async fn ask<T>(
@@ -227,28 +235,33 @@ async fn run(store: Store, max_attempts: i32, mut rx: mpsc::Receiver<Request>) {
 }
 
 async fn write_batch(store: &Store, max_attempts: i32, batch: Vec<Request>) {
-    let (mut keys, mut sent_replies) = (Vec::new(), Vec::new());
-    let (mut failures, mut failure_replies) = (Vec::new(), Vec::new());
+    let (mut keys, mut sent_replies, mut sent_log) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut failures, mut failure_replies, mut failure_log) = (Vec::new(), Vec::new(), Vec::new());
     for request in batch {
         match request {
-            Request::Sent(key, reply) => {
+            Request::Sent(key, attempt, reply) => {
                 keys.push(key);
                 sent_replies.push(reply);
+                sent_log.extend(attempt);
             }
-            Request::Failure(failure, reply) => {
+            Request::Failure(failure, attempt, reply) => {
                 failures.push(failure);
                 failure_replies.push(reply);
+                failure_log.extend(attempt);
             }
         }
     }
+    let own = |log: &[Attempt], id: i64| -> Vec<Attempt> {
+        log.iter().filter(|a| a.event_id == id).cloned().collect()
+    };
     // One after the other: a batch holds one pool connection at a time.
     if !keys.is_empty() {
-        let result = mark_sent_many(store, &keys).await;
+        let result = mark_sent_many(store, &keys, &sent_log).await;
         if refused_batch(&result, keys.len()) {
             // One row the database refuses must not fail its neighbours:
             // each row alone, each job its own answer.
             for (key, reply) in keys.into_iter().zip(sent_replies) {
-                let result = mark_sent_many(store, &[key]).await;
+                let result = mark_sent_many(store, &[key], &own(&sent_log, key.id)).await;
                 answer(std::iter::once(key.id), vec![reply], result, Sent::NotFound);
             }
         } else {
@@ -257,13 +270,17 @@ async fn write_batch(store: &Store, max_attempts: i32, batch: Vec<Request>) {
         }
     }
     if !failures.is_empty() {
-        let result = register_failure_many(store, &failures, max_attempts).await;
+        let result = register_failure_many(store, &failures, max_attempts, &failure_log).await;
         if refused_batch(&result, failures.len()) {
             for (failure, reply) in failures.into_iter().zip(failure_replies) {
                 let id = failure.seen.id;
-                let result =
-                    register_failure_many(store, std::slice::from_ref(&failure), max_attempts)
-                        .await;
+                let result = register_failure_many(
+                    store,
+                    std::slice::from_ref(&failure),
+                    max_attempts,
+                    &own(&failure_log, id),
+                )
+                .await;
                 answer(std::iter::once(id), vec![reply], result, Outcome::NotFound);
             }
         } else {
@@ -358,29 +375,42 @@ async fn returned_ids(
 /// connection), and `RETURNING` names the rows it applied to. Elsewhere an
 /// `OR` of per-row conditions; when it did not apply to every row, all are
 /// read back and those `sent` at this batch's timestamp are taken as ours.
-pub async fn mark_sent_many(store: &Store, keys: &[Key]) -> Result<HashMap<i64, Sent>, StoreError> {
+pub async fn mark_sent_many(
+    store: &Store,
+    keys: &[Key],
+    log: &[Attempt],
+) -> Result<HashMap<i64, Sent>, StoreError> {
     let now = now();
     let backend = store.backend();
     let ids: Vec<i64> = keys.iter().map(|k| k.id).collect();
+    let history = store.history_table().filter(|_| !log.is_empty());
     let applied = if backend == DbBackend::Postgres {
         let table = quoted_table(store);
         let attempts: Vec<i32> = keys.iter().map(|k| k.attempts).collect();
-        let stmt = Statement::from_sql_and_values(
-            backend,
-            format!(
-                "UPDATE {table} AS t SET status = $1, sent_at = $2, updated_at = $2 \
-                 FROM unnest($3::bigint[], $4::integer[]) AS k(id, attempts) \
-                 WHERE t.id = k.id AND t.attempts = k.attempts AND t.status = $5 \
-                 RETURNING t.id"
-            ),
-            [
-                Status::Sent.as_str().into(),
-                now.into(),
-                ids.clone().into(),
-                attempts.into(),
-                Status::Pending.as_str().into(),
-            ],
+        let update = format!(
+            "UPDATE {table} AS t SET status = $1, sent_at = $2, updated_at = $2 \
+             FROM unnest($3::bigint[], $4::integer[]) AS k(id, attempts) \
+             WHERE t.id = k.id AND t.attempts = k.attempts AND t.status = $5 \
+             RETURNING t.id"
         );
+        let mut values: Vec<sea_orm::Value> = vec![
+            Status::Sent.as_str().into(),
+            now.into(),
+            ids.clone().into(),
+            attempts.into(),
+            Status::Pending.as_str().into(),
+        ];
+        let sql = match history {
+            // The attempts of the rows the UPDATE applied to, in the same
+            // statement: on record exactly when their status is.
+            Some(h) => {
+                let (cte, more) = h.pg_cte(log, "success", values.len() + 1);
+                values.extend(more);
+                format!("WITH u AS ({update}){cte} SELECT id FROM u")
+            }
+            None => update,
+        };
+        let stmt = Statement::from_sql_and_values(backend, sql, values);
         Applied::Ids(returned_ids(store, stmt, SENT_ACTION).await?)
     } else {
         let mut which = Cond::any();
@@ -402,15 +432,65 @@ pub async fn mark_sent_many(store: &Store, keys: &[Key]) -> Result<HashMap<i64, 
             .and_where(Expr::col(Column::Id).is_in(keys.iter().map(|k| k.id)))
             .cond_where(which)
             .to_owned();
-        let res = store
-            .connection()
-            .execute_raw(backend.build(&update))
-            .await
-            .map_err(db_err(SENT_ACTION))?;
-        if res.rows_affected() as usize == keys.len() {
-            Applied::All
-        } else {
-            Applied::Unknown
+        match history {
+            None => {
+                let res = store
+                    .connection()
+                    .execute_raw(backend.build(&update))
+                    .await
+                    .map_err(db_err(SENT_ACTION))?;
+                if res.rows_affected() as usize == keys.len() {
+                    Applied::All
+                } else {
+                    Applied::Unknown
+                }
+            }
+            Some(h) => {
+                // The UPDATE and the attempts of the rows it applied to, in
+                // one transaction.
+                let txn = store
+                    .connection()
+                    .begin()
+                    .await
+                    .map_err(db_err(SENT_ACTION))?;
+                let res = txn
+                    .execute_raw(backend.build(&update))
+                    .await
+                    .map_err(db_err(SENT_ACTION))?;
+                let ours: HashSet<i64> = if res.rows_affected() as usize == keys.len() {
+                    ids.iter().copied().collect()
+                } else {
+                    // Which ones: those this transaction made `sent` now.
+                    let read = Query::select()
+                        .columns([Column::Id, Column::Status, Column::SentAt])
+                        .from(Alias::new(store.table()))
+                        .and_where(Expr::col(Column::Id).is_in(ids.iter().copied()))
+                        .to_owned();
+                    let rows = txn
+                        .query_all_raw(backend.build(&read))
+                        .await
+                        .map_err(db_err(SENT_ACTION))?;
+                    let mut ours = HashSet::new();
+                    for r in rows {
+                        let id: i64 = r.try_get("", "id").map_err(db_err(SENT_ACTION))?;
+                        let status: String =
+                            r.try_get("", "status").map_err(db_err(SENT_ACTION))?;
+                        let sent_at: Option<chrono::NaiveDateTime> =
+                            r.try_get("", "sent_at").map_err(db_err(SENT_ACTION))?;
+                        if status == Status::Sent.as_str() && sent_at == Some(now) {
+                            ours.insert(id);
+                        }
+                    }
+                    ours
+                };
+                let mine: Vec<&Attempt> =
+                    log.iter().filter(|a| ours.contains(&a.event_id)).collect();
+                if let Some(insert) = h.insert_attempts(backend, &mine, "success") {
+                    txn.execute_raw(insert).await.map_err(db_err(SENT_ACTION))?;
+                }
+                txn.commit().await.map_err(db_err(SENT_ACTION))?;
+                Applied::Ids(ours)
+            }
         }
     };
     read_back(
@@ -443,7 +523,9 @@ pub async fn register_failure_many(
     store: &Store,
     failures: &[Failure],
     max_attempts: i32,
+    log: &[Attempt],
 ) -> Result<HashMap<i64, Outcome>, StoreError> {
+    let history = store.history_table().filter(|_| !log.is_empty());
     let now = now();
     let nexts: HashMap<i64, OutboxEventRow> = failures
         .iter()
@@ -466,25 +548,31 @@ pub async fn register_failure_many(
             .iter()
             .map(|id| nexts[id].last_error.clone().unwrap_or_default())
             .collect();
-        let stmt = Statement::from_sql_and_values(
-            DbBackend::Postgres,
-            format!(
-                "UPDATE {table} AS t SET status = k.status, attempts = k.attempts + 1, \
-                 last_error = k.error, updated_at = $1 \
-                 FROM unnest($2::bigint[], $3::integer[], $4::text[], $5::text[]) \
-                 AS k(id, attempts, status, error) \
-                 WHERE t.id = k.id AND t.attempts = k.attempts AND t.status = $6 \
-                 RETURNING t.id"
-            ),
-            [
-                now.into(),
-                ids.clone().into(),
-                attempts.into(),
-                statuses.into(),
-                errors.into(),
-                Status::Pending.as_str().into(),
-            ],
+        let update = format!(
+            "UPDATE {table} AS t SET status = k.status, attempts = k.attempts + 1, \
+             last_error = k.error, updated_at = $1 \
+             FROM unnest($2::bigint[], $3::integer[], $4::text[], $5::text[]) \
+             AS k(id, attempts, status, error) \
+             WHERE t.id = k.id AND t.attempts = k.attempts AND t.status = $6 \
+             RETURNING t.id"
         );
+        let mut values: Vec<sea_orm::Value> = vec![
+            now.into(),
+            ids.clone().into(),
+            attempts.into(),
+            statuses.into(),
+            errors.into(),
+            Status::Pending.as_str().into(),
+        ];
+        let sql = match history {
+            Some(h) => {
+                let (cte, more) = h.pg_cte(log, "failure", values.len() + 1);
+                values.extend(more);
+                format!("WITH u AS ({update}){cte} SELECT id FROM u")
+            }
+            None => update,
+        };
+        let stmt = Statement::from_sql_and_values(DbBackend::Postgres, sql, values);
         returned_ids(store, stmt, FAILURE_ACTION).await?
     } else {
         let txn = store
@@ -498,6 +586,17 @@ pub async fn register_failure_many(
             let res = txn.execute(&stmt).await.map_err(db_err(FAILURE_ACTION))?;
             if res.rows_affected() == 1 {
                 applied.insert(f.seen.id);
+            }
+        }
+        if let Some(h) = history {
+            let mine: Vec<&Attempt> = log
+                .iter()
+                .filter(|a| applied.contains(&a.event_id))
+                .collect();
+            if let Some(insert) = h.insert_attempts(store.backend(), &mine, "failure") {
+                txn.execute_raw(insert)
+                    .await
+                    .map_err(db_err(FAILURE_ACTION))?;
             }
         }
         txn.commit().await.map_err(db_err(FAILURE_ACTION))?;

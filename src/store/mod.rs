@@ -7,6 +7,7 @@
 //! [`Outcome::Conflict`] with the state it found instead of a silent no-op.
 
 pub mod batch;
+pub mod history;
 pub mod shape;
 #[cfg(test)]
 mod tests;
@@ -23,8 +24,11 @@ use sea_orm::sea_query::{
 };
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr,
-    FromQueryResult, QueryResult,
+    FromQueryResult, QueryResult, TransactionTrait,
 };
+
+/// Rows a bulk resend takes per transaction (with the attempt log on).
+pub const RESEND_CHUNK: u64 = 1000;
 
 /// `last_error` is for people: keep it to this many bytes.
 pub const MAX_LAST_ERROR_BYTES: usize = 1024;
@@ -176,6 +180,10 @@ pub struct Store {
     /// (a Rails `string` column is `varchar(255)`): errors are cut to it,
     /// or a strict-mode MySQL refuses the whole write.
     last_error_chars: Option<usize>,
+    /// The attempt log, when `history.enabled`.
+    history: Option<std::sync::Arc<history::HistoryTable>>,
+    /// The paused dispatchers (`dispatch.pause_table`).
+    pause_table: String,
 }
 
 pub use shape::TableError;
@@ -237,23 +245,68 @@ impl Store {
         Ok(store)
     }
 
-    /// [`Store::connect`] with the settings' database and dispatch keys.
+    /// [`Store::connect`] with the settings' database, history and
+    /// dispatch keys.
     pub async fn open(settings: &crate::config::Settings) -> Result<Self, StoreError> {
-        Self::connect(
+        let store = Self::connect(
             settings.database_url(),
             &settings.database.table,
             settings.database.max_connections,
             settings.database.connect_timeout,
         )
-        .await
+        .await?
+        .with_pause_table(&settings.dispatch.pause_table);
+        Ok(if settings.history.enabled {
+            store.with_history(&settings.history.table, &settings.history.replica_name())
+        } else {
+            store.without_history()
+        })
     }
 
+    /// A store on `table` with the defaults of the settings: the attempt
+    /// log on, in its default table, and the default pause table.
     pub fn new(db: DatabaseConnection, table: &str) -> Self {
+        let history = crate::config::HistorySettings::default();
         Self {
             db,
             table: table.to_owned(),
             last_error_chars: None,
+            history: Some(std::sync::Arc::new(history::HistoryTable {
+                table: history.table.clone(),
+                replica: history.replica_name(),
+            })),
+            pause_table: crate::config::DispatchSettings::default().pause_table,
         }
+    }
+
+    /// Writes no attempt log (`history.enabled = false`).
+    pub fn without_history(mut self) -> Self {
+        self.history = None;
+        self
+    }
+
+    /// Writes the attempt log to `table`, as replica `replica`.
+    pub fn with_history(mut self, table: &str, replica: &str) -> Self {
+        self.history = Some(std::sync::Arc::new(history::HistoryTable {
+            table: table.to_owned(),
+            replica: replica.to_owned(),
+        }));
+        self
+    }
+
+    /// Keeps the paused dispatchers in `table`.
+    pub fn with_pause_table(mut self, table: &str) -> Self {
+        self.pause_table = table.to_owned();
+        self
+    }
+
+    /// The attempt log, when it is on.
+    pub fn history_table(&self) -> Option<&history::HistoryTable> {
+        self.history.as_deref()
+    }
+
+    pub fn pause_table(&self) -> &str {
+        &self.pause_table
     }
 
     /// Learns the length of `last_error` from the catalogue (no table yet,
@@ -311,10 +364,51 @@ impl Store {
     }
 
     /// Creates the table and index when missing (`outbox-sidecar migrate`).
+    /// Also the sidecar's own tables: the attempt log (when on) and the
+    /// paused dispatchers.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         migration::apply(&self.db, &self.table)
             .await
-            .map_err(db_err("migrating the outbox table"))
+            .map_err(db_err("migrating the outbox table"))?;
+        if let Some(h) = &self.history {
+            migration::apply_attempt_log(&self.db, &h.table)
+                .await
+                .map_err(db_err("creating the attempt log table"))?;
+        }
+        migration::apply_pauses(&self.db, &self.pause_table)
+            .await
+            .map_err(db_err("creating the dispatcher pause table"))
+    }
+
+    /// Start-up check of the sidecar's own tables: they exist (`migrate`
+    /// made them). Run after [`Store::check_table`].
+    pub async fn check_own_tables(&self) -> Result<(), TableError> {
+        let mut own = vec![(self.pause_table.clone(), "dispatch.pause_table", "")];
+        if let Some(h) = &self.history {
+            own.push((
+                h.table.clone(),
+                "history.table",
+                ", or set history.enabled = false",
+            ));
+        }
+        for (table, key, hint) in own {
+            let probe = Query::select()
+                .expr(Expr::val(1))
+                .from(Alias::new(&table))
+                .limit(1)
+                .to_owned();
+            if let Err(e) = self.db.query_all(&probe).await {
+                let error = StoreError::Database {
+                    action: "checking the sidecar's tables",
+                    source: e,
+                };
+                if error.is_transient() {
+                    return Err(TableError::Store(error));
+                }
+                return Err(TableError::OwnMissing { table, key, hint });
+            }
+        }
+        Ok(())
     }
 
     /// A cheap round trip for readiness.
@@ -566,11 +660,17 @@ impl Store {
     }
 
     /// R-004 `retry!` (ActiveAdmin's "Reenviar"): `failed` → `pending` with
-    /// 0 attempts and no error. Any other status is refused.
+    /// 0 attempts and no error. Any other status is refused. With the
+    /// attempt log on, the resend is recorded (who asked: `caller`) in the
+    /// same transaction.
     ///
     /// The row returned is the one the resend wrote: read back afterwards,
     /// the sidecar may already have sent it.
-    pub async fn retry(&self, id: i64) -> Result<Result<OutboxEventRow, RetryRefused>, StoreError> {
+    pub async fn retry(
+        &self,
+        id: i64,
+        caller: &history::Caller,
+    ) -> Result<Result<OutboxEventRow, RetryRefused>, StoreError> {
         let Some(before) = self.get(id).await? else {
             return Ok(Err(RetryRefused::NotFound(id)));
         };
@@ -579,12 +679,18 @@ impl Store {
             .resend_statement_at(now)
             .and_where(Expr::col(Column::Id).eq(id))
             .to_owned();
-        let res = self
-            .db
-            .execute(&stmt)
-            .await
-            .map_err(db_err("resending an event"))?;
+        let action = "resending an event";
+        let txn = self.db.begin().await.map_err(db_err(action))?;
+        let res = txn.execute(&stmt).await.map_err(db_err(action))?;
         if res.rows_affected() == 1 {
+            if let Some(insert) = self
+                .history
+                .as_ref()
+                .and_then(|h| h.insert_resends(self.backend(), &[id], now, caller))
+            {
+                txn.execute_raw(insert).await.map_err(db_err(action))?;
+            }
+            txn.commit().await.map_err(db_err(action))?;
             let mut row = before;
             row.status = Status::Pending;
             row.attempts = 0;
@@ -592,6 +698,7 @@ impl Store {
             row.updated_at = now;
             return Ok(Ok(row));
         }
+        txn.rollback().await.map_err(db_err(action))?;
         Ok(match self.get(id).await? {
             None => Err(RetryRefused::NotFound(id)),
             Some(row) => Err(RetryRefused::NotFailed {
@@ -603,27 +710,85 @@ impl Store {
 
     /// Resends every failed event (optionally of one `event_name`); returns
     /// how many rows went back to pending.
-    pub async fn retry_all_failed(&self, event_name: Option<&str>) -> Result<u64, StoreError> {
-        self.retry_failed(&FailedFilter {
+    pub async fn retry_all_failed(
+        &self,
+        event_name: Option<&str>,
+        caller: &history::Caller,
+    ) -> Result<u64, StoreError> {
+        let filter = FailedFilter {
             event_names: event_name.map(|n| vec![n.to_owned()]),
             ..FailedFilter::default()
-        })
-        .await
+        };
+        self.retry_failed(&filter, caller).await
     }
 
     /// Resends the failed events `filter` selects; returns how many rows
-    /// went back to pending.
-    pub async fn retry_failed(&self, filter: &FailedFilter) -> Result<u64, StoreError> {
-        let mut stmt = self.resend_statement();
-        for cond in self.failed_conditions(filter) {
-            stmt.and_where(cond);
+    /// went back to pending. Without the attempt log, one UPDATE; with it,
+    /// [`RESEND_CHUNK`] rows per transaction (newest first), each resend
+    /// recorded with its row.
+    pub async fn retry_failed(
+        &self,
+        filter: &FailedFilter,
+        caller: &history::Caller,
+    ) -> Result<u64, StoreError> {
+        let action = "resending failed events";
+        let Some(h) = self.history.clone() else {
+            let mut stmt = self.resend_statement();
+            for cond in self.failed_conditions(filter) {
+                stmt.and_where(cond);
+            }
+            let res = self.db.execute(&stmt).await.map_err(db_err(action))?;
+            return Ok(res.rows_affected());
+        };
+        let backend = self.backend();
+        let mut total = 0;
+        let mut below: Option<i64> = None;
+        loop {
+            let txn = self.db.begin().await.map_err(db_err(action))?;
+            let mut pick = Query::select()
+                .column(Column::Id)
+                .from(self.tbl())
+                .and_where(Expr::col(Column::Status).eq(Status::Failed.as_str()))
+                .order_by(Column::Id, Order::Desc)
+                .limit(RESEND_CHUNK)
+                .to_owned();
+            for cond in self.failed_conditions(filter) {
+                pick.and_where(cond);
+            }
+            if let Some(below) = below {
+                pick.and_where(Expr::col(Column::Id).lt(below));
+            }
+            if backend != DbBackend::Sqlite {
+                pick.lock(sea_orm::sea_query::LockType::Update);
+            }
+            let ids: Vec<i64> = txn
+                .query_all(&pick)
+                .await
+                .map_err(db_err(action))?
+                .iter()
+                .map(|r| r.try_get::<i64>("", "id"))
+                .collect::<Result<_, _>>()
+                .map_err(db_err(action))?;
+            let Some(&lowest) = ids.iter().min() else {
+                txn.rollback().await.map_err(db_err(action))?;
+                return Ok(total);
+            };
+            let now = now();
+            let stmt = self
+                .resend_statement_at(now)
+                .and_where(Expr::col(Column::Id).is_in(ids.iter().copied()))
+                .to_owned();
+            let res = txn.execute(&stmt).await.map_err(db_err(action))?;
+            if let Some(insert) = h.insert_resends(backend, &ids, now, caller) {
+                txn.execute_raw(insert).await.map_err(db_err(action))?;
+            }
+            txn.commit().await.map_err(db_err(action))?;
+            total += res.rows_affected();
+            if (ids.len() as u64) < RESEND_CHUNK {
+                return Ok(total);
+            }
+            below = Some(lowest);
         }
-        let res = self
-            .db
-            .execute(&stmt)
-            .await
-            .map_err(db_err("resending failed events"))?;
-        Ok(res.rows_affected())
     }
 
     /// What [`Store::retry_failed`] would take, without changing anything:
@@ -712,6 +877,26 @@ impl Store {
         if let Some(name) = &filter.event_name {
             stmt.and_where(Expr::col(Column::EventName).eq(name.as_str()));
         }
+        let res = self
+            .db
+            .execute(&stmt)
+            .await
+            .map_err(db_err("retriggering pending events"))?;
+        Ok(res.rows_affected())
+    }
+
+    /// Touches every pending row of `event_names` (a resumed dispatcher's)
+    /// so the change feed announces them again; returns how many.
+    pub async fn retrigger_pending_of(&self, event_names: &[String]) -> Result<u64, StoreError> {
+        if event_names.is_empty() {
+            return Ok(0);
+        }
+        let stmt = Query::update()
+            .table(self.tbl())
+            .value(Column::UpdatedAt, now())
+            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+            .and_where(Expr::col(Column::EventName).is_in(event_names.iter().map(String::as_str)))
+            .to_owned();
         let res = self
             .db
             .execute(&stmt)

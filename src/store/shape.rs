@@ -46,6 +46,14 @@ pub enum TableError {
         found: String,
         why: String,
     },
+    /// A table of the sidecar's own (the attempt log, the pauses) that
+    /// `migrate` has not created yet.
+    #[error("table {table:?} ({key}) does not exist: run `outbox-sidecar migrate`{hint}")]
+    OwnMissing {
+        table: String,
+        key: &'static str,
+        hint: &'static str,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -183,7 +183,18 @@ async fn resend_starts_a_fresh_cycle() {
         .await;
     t.wait_status(id, Status::Failed, T).await;
     accept.store(true, std::sync::atomic::Ordering::SeqCst);
-    let resent = t.store.retry(id).await.unwrap().expect("resend");
+    let resent = t
+        .store
+        .retry(
+            id,
+            &outbox_sidecar::store::history::Caller::new(
+                outbox_sidecar::store::history::Via::Cli,
+                None,
+            ),
+        )
+        .await
+        .unwrap()
+        .expect("resend");
     assert_eq!(
         (resent.status, resent.attempts, resent.last_error.clone()),
         (Status::Pending, 0, None)

@@ -119,7 +119,13 @@ async fn resend_of_failed(backend: Backend) {
     let failed = with_attempts(&store, 3, 3).await;
     assert_eq!(failed.status, Status::Failed);
     let resent = store
-        .retry(failed.id)
+        .retry(
+            failed.id,
+            &outbox_sidecar::store::history::Caller::new(
+                outbox_sidecar::store::history::Via::Cli,
+                None,
+            ),
+        )
         .await
         .unwrap()
         .expect("resend applies");
@@ -141,14 +147,33 @@ async fn resend_of_pending_or_sent_refused(backend: Backend) {
     let store = db.store().await;
     let p = with_attempts(&store, 1, 3).await;
     assert_eq!(
-        store.retry(p.id).await.unwrap(),
+        store
+            .retry(
+                p.id,
+                &outbox_sidecar::store::history::Caller::new(
+                    outbox_sidecar::store::history::Via::Cli,
+                    None
+                )
+            )
+            .await
+            .unwrap(),
         Err(RetryRefused::NotFailed {
             id: p.id,
             status: Status::Pending
         })
     );
     let s = applied(store.mark_sent(&pending(&store).await).await.unwrap());
-    let refused = store.retry(s.id).await.unwrap().unwrap_err();
+    let refused = store
+        .retry(
+            s.id,
+            &outbox_sidecar::store::history::Caller::new(
+                outbox_sidecar::store::history::Via::Cli,
+                None,
+            ),
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
     assert_eq!(
         refused.to_string(),
         format!("event {} is sent: only failed events can be resent", s.id)
@@ -160,7 +185,16 @@ async fn resend_of_pending_or_sent_refused(backend: Backend) {
     );
     assert_eq!(store.get(p.id).await.unwrap().unwrap(), p);
     assert_eq!(
-        store.retry(999_999).await.unwrap(),
+        store
+            .retry(
+                999_999,
+                &outbox_sidecar::store::history::Caller::new(
+                    outbox_sidecar::store::history::Via::Cli,
+                    None
+                )
+            )
+            .await
+            .unwrap(),
         Err(RetryRefused::NotFound(999_999))
     );
 }
@@ -274,12 +308,30 @@ async fn list_and_bulk_resend(backend: Backend) {
     assert!(stats.oldest_pending_created_at.is_some());
     assert_eq!(
         store
-            .retry_all_failed(Some("accounts.installment_paid"))
+            .retry_all_failed(
+                Some("accounts.installment_paid"),
+                &outbox_sidecar::store::history::Caller::new(
+                    outbox_sidecar::store::history::Via::Cli,
+                    None
+                )
+            )
             .await
             .unwrap(),
         1
     );
-    assert_eq!(store.retry_all_failed(None).await.unwrap(), 2);
+    assert_eq!(
+        store
+            .retry_all_failed(
+                None,
+                &outbox_sidecar::store::history::Caller::new(
+                    outbox_sidecar::store::history::Via::Cli,
+                    None
+                )
+            )
+            .await
+            .unwrap(),
+        2
+    );
     let stats = store.stats().await.unwrap();
     assert_eq!((stats.pending, stats.failed), (4, 0));
 }
@@ -399,7 +451,19 @@ async fn filtered_resend_of_failed(backend: Backend) {
         ..filter.clone()
     };
     assert_eq!(store.preview_failed(&early, 10).await.unwrap().0, 1);
-    assert_eq!(store.retry_failed(&filter).await.unwrap(), 2);
+    assert_eq!(
+        store
+            .retry_failed(
+                &filter,
+                &outbox_sidecar::store::history::Caller::new(
+                    outbox_sidecar::store::history::Via::Cli,
+                    None
+                )
+            )
+            .await
+            .unwrap(),
+        2
+    );
     for (row, status) in [
         (&a, Status::Pending),
         (&b, Status::Failed),
@@ -415,7 +479,16 @@ async fn filtered_resend_of_failed(backend: Backend) {
     }
     // No filter: every failed row.
     assert_eq!(
-        store.retry_failed(&FailedFilter::default()).await.unwrap(),
+        store
+            .retry_failed(
+                &FailedFilter::default(),
+                &outbox_sidecar::store::history::Caller::new(
+                    outbox_sidecar::store::history::Via::Cli,
+                    None
+                )
+            )
+            .await
+            .unwrap(),
         2
     );
 }
@@ -473,7 +546,7 @@ mod batched {
             .into_iter()
             .map(Key::from)
             .collect();
-        let outcomes = mark_sent_many(&store, &keys).await.unwrap();
+        let outcomes = mark_sent_many(&store, &keys, &[]).await.unwrap();
         for row in [&fresh, &retried] {
             let stored = store.get(row.id).await.unwrap().unwrap();
             assert_eq!(stored.status, Status::Sent);
@@ -506,7 +579,8 @@ mod batched {
         for _ in 0..40 {
             rows.push(pending(&store).await);
         }
-        let results = futures::future::join_all(rows.iter().map(|r| writer.mark_sent(r))).await;
+        let results =
+            futures::future::join_all(rows.iter().map(|r| writer.mark_sent(r, None))).await;
         for (row, result) in rows.iter().zip(results) {
             let Sent::Applied { sent_at } = result.unwrap() else {
                 panic!("row {} not applied", row.id);
@@ -520,7 +594,7 @@ mod batched {
         let stats = store.stats().await.unwrap();
         assert_eq!((stats.sent, stats.pending), (40, 0));
         // The same rows again: every one is now a conflict.
-        let again = writer.mark_sent(&rows[0]).await.unwrap();
+        let again = writer.mark_sent(&rows[0], None).await.unwrap();
         assert!(matches!(again, Sent::Conflict(r) if r.status == Status::Sent));
     }
 
@@ -546,7 +620,9 @@ mod batched {
             error: error.to_owned(),
         })
         .collect();
-        let outcomes = register_failure_many(&store, &failures, 3).await.unwrap();
+        let outcomes = register_failure_many(&store, &failures, 3, &[])
+            .await
+            .unwrap();
 
         let stored = store.get(fresh.id).await.unwrap().unwrap();
         assert_eq!(outcomes[&fresh.id], Outcome::Applied(stored.clone()));
@@ -577,7 +653,7 @@ mod batched {
             seen: fresh_again.clone(),
             error: "HTTP 504".into(),
         }];
-        let outcomes = register_failure_many(&store, &one, 3).await.unwrap();
+        let outcomes = register_failure_many(&store, &one, 3, &[]).await.unwrap();
         let stored = store.get(fresh.id).await.unwrap().unwrap();
         assert_eq!(outcomes[&fresh.id], Outcome::Applied(stored.clone()));
         assert_eq!((stored.attempts, stored.status), (2, Status::Pending));
@@ -597,11 +673,11 @@ mod batched {
             async move {
                 if i % 2 == 0 {
                     writer
-                        .register_failure(row, &format!("HTTP 500 for {}", row.id))
+                        .register_failure(row, &format!("HTTP 500 for {}", row.id), None)
                         .await
                         .map(|o| (Some(o), None))
                 } else {
-                    writer.mark_sent(row).await.map(|s| (None, Some(s)))
+                    writer.mark_sent(row, None).await.map(|s| (None, Some(s)))
                 }
             }
         });
@@ -630,7 +706,10 @@ mod batched {
         let stats = store.stats().await.unwrap();
         assert_eq!((stats.sent, stats.pending), (15, 15));
         // A failure computed from a row that has moved on is a conflict.
-        let again = writer.register_failure(&rows[0], "late").await.unwrap();
+        let again = writer
+            .register_failure(&rows[0], "late", None)
+            .await
+            .unwrap();
         assert!(matches!(again, Outcome::Conflict(r) if r.attempts == 1));
     }
 
@@ -719,7 +798,12 @@ mod refused {
         assert!(err.starts_with("HTTP 500: éé") && err.ends_with('…'));
         // Batched the same way.
         let writer = StatusWriter::spawn(store.clone(), 3);
-        let next = applied(writer.register_failure(&stored, &error).await.unwrap());
+        let next = applied(
+            writer
+                .register_failure(&stored, &error, None)
+                .await
+                .unwrap(),
+        );
         assert_eq!(next.last_error.unwrap().chars().count(), 255);
     }
 
@@ -751,9 +835,9 @@ mod refused {
         let writer = StatusWriter::spawn(store.clone(), 3);
         // Polled together: they reach the writer within one batch window.
         let (refused, failed, marked) = tokio::join!(
-            writer.register_failure(&poison, "HTTP 500: poison"),
-            writer.register_failure(&fine, "HTTP 503"),
-            writer.mark_sent(&sent),
+            writer.register_failure(&poison, "HTTP 500: poison", None),
+            writer.register_failure(&fine, "HTTP 503", None),
+            writer.mark_sent(&sent, None),
         );
         let err = refused.expect_err("the check constraint refuses it");
         assert!(!err.is_transient(), "a constraint is permanent: {err}");

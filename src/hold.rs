@@ -1,0 +1,545 @@
+//! Holding a dispatcher's events without using their attempts (issue #18):
+//! the operator's pause (group-wide, kept in `dispatch.pause_table`) and the
+//! opt-in breaker (`[dispatchers.NAME.breaker]`, this replica's own).
+//!
+//! **Pause.** Every replica reads the pause table every
+//! `dispatch.pause_refresh`. A job whose dispatcher is paused, confirmed by
+//! a read that started after the job asked (so a resume is never missed by
+//! a stale copy), is *parked*: nothing is sent, no attempt is used, the row
+//! stays `pending` and its change event is finished (committed), so it
+//! holds back neither other dispatchers' events nor the partition's
+//! commits. `resume` deletes the pause and touches the dispatcher's pending
+//! rows (`updated_at`), so the change feed announces them again, as
+//! `events retrigger` does; a restart while paused loses nothing, the rows
+//! are pending in the table. A pause seen late (up to one refresh) lets
+//! the events of that moment through.
+//!
+//! **Breaker.** After `failures` failures in a row, each within `within` of
+//! the previous, the dispatcher's events wait in memory for `cool_down`
+//! (no attempt used); then one event goes through as a probe: success
+//! closes the breaker, failure opens it for another `cool_down`. Held
+//! events are jobs waiting like a retry wait: they count toward the
+//! consumer's bound of waiting jobs, so a long outage of one receiver
+//! with the breaker open can fill that bound and slow every dispatcher —
+//! the pause is the tool for long outages.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use chrono::NaiveDateTime;
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, OnConflict, Order, Query};
+use sea_orm::{ConnectionTrait, FromQueryResult};
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use crate::config::BreakerSettings;
+use crate::metrics::Metrics;
+use crate::store::history::Caller;
+use crate::store::{db_err, now, Store, StoreError};
+
+/// One paused dispatcher, as the pause table holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, FromQueryResult)]
+pub struct Pause {
+    pub dispatcher: String,
+    pub paused_at: NaiveDateTime,
+    pub via: String,
+    pub label: Option<String>,
+}
+
+impl Store {
+    /// Every paused dispatcher.
+    pub async fn pauses(&self) -> Result<Vec<Pause>, StoreError> {
+        let stmt = Query::select()
+            .columns(["dispatcher", "paused_at", "via", "label"].map(Alias::new))
+            .from(Alias::new(self.pause_table()))
+            .order_by(Alias::new("dispatcher"), Order::Asc)
+            .to_owned();
+        let rows = self
+            .connection()
+            .query_all(&stmt)
+            .await
+            .map_err(db_err("reading paused dispatchers"))?;
+        rows.iter()
+            .map(|r| Pause::from_query_result(r, ""))
+            .collect::<Result<_, _>>()
+            .map_err(db_err("reading paused dispatchers"))
+    }
+
+    /// Pauses `dispatcher` group-wide; `false` when it already was (the
+    /// first pause is kept).
+    pub async fn pause(&self, dispatcher: &str, caller: &Caller) -> Result<bool, StoreError> {
+        let stmt = Query::insert()
+            .into_table(Alias::new(self.pause_table()))
+            .columns(["dispatcher", "paused_at", "via", "label"].map(Alias::new))
+            .values_panic([
+                dispatcher.into(),
+                now().into(),
+                caller.via.as_str().into(),
+                caller.label.clone().into(),
+            ])
+            .on_conflict(
+                OnConflict::column(Alias::new("dispatcher"))
+                    .do_nothing()
+                    .to_owned(),
+            )
+            .to_owned();
+        let res = self
+            .connection()
+            .execute(&stmt)
+            .await
+            .map_err(db_err("pausing a dispatcher"))?;
+        Ok(res.rows_affected() == 1)
+    }
+
+    /// Resumes `dispatcher`: deletes its pause, then touches its pending
+    /// rows (`event_names`) so the change feed announces them again.
+    /// `None` when it was not paused (nothing touched), else how many rows
+    /// were touched.
+    pub async fn resume(
+        &self,
+        dispatcher: &str,
+        event_names: &[String],
+    ) -> Result<Option<u64>, StoreError> {
+        let stmt = Query::delete()
+            .from_table(Alias::new(self.pause_table()))
+            .and_where(Expr::col(Alias::new("dispatcher")).eq(dispatcher))
+            .to_owned();
+        let res = self
+            .connection()
+            .execute(&stmt)
+            .await
+            .map_err(db_err("resuming a dispatcher"))?;
+        if res.rows_affected() == 0 {
+            return Ok(None);
+        }
+        // After the delete has committed: a replica that parks one of these
+        // rows again confirms the pause with a read made after it received
+        // the row's new change event, so it sees the pause gone.
+        self.retrigger_pending_of(event_names).await.map(Some)
+    }
+}
+
+/// What a job does before its POST.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Send.
+    Go,
+    /// Send, as the breaker's probe; report the result.
+    Probe,
+    /// Paused: leave the row pending and finish its message.
+    Park,
+    /// The breaker is open: ask again at this instant (no attempt used).
+    WaitUntil(Instant),
+}
+
+/// The pauses as this replica last read them, and the breakers.
+pub struct Holds {
+    store: Store,
+    metrics: Metrics,
+    refresh: Duration,
+    paused: Mutex<HashMap<String, Pause>>,
+    /// Serialises fresh reads; holds when the last one started.
+    read: tokio::sync::Mutex<Option<Instant>>,
+    breakers: HashMap<String, Mutex<Breaker>>,
+    /// Signalled when a probe reports.
+    probed: Notify,
+}
+
+impl Holds {
+    pub fn new(
+        store: Store,
+        metrics: Metrics,
+        refresh: Duration,
+        breakers: impl IntoIterator<Item = (String, BreakerSettings)>,
+    ) -> Self {
+        Holds {
+            store,
+            metrics,
+            refresh,
+            paused: Mutex::new(HashMap::new()),
+            read: tokio::sync::Mutex::new(None),
+            breakers: breakers
+                .into_iter()
+                .map(|(name, s)| (name, Mutex::new(Breaker::new(s))))
+                .collect(),
+            probed: Notify::new(),
+        }
+    }
+
+    /// Reads the pause table every `refresh` until `stop`, keeping the
+    /// gauges; a failed read keeps the last known pauses.
+    pub async fn run(&self, stop: tokio_util::sync::CancellationToken) {
+        loop {
+            if let Err(e) = self.read_pauses(None).await {
+                tracing::warn!(error = %e, "cannot read paused dispatchers; keeping the last known");
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(self.refresh) => {}
+            }
+        }
+    }
+
+    /// Reads the pause table, unless a read that started after `asked`
+    /// has already been made (many jobs asking at once share one read).
+    async fn read_pauses(&self, asked: Option<Instant>) -> Result<(), StoreError> {
+        let mut last = self.read.lock().await;
+        if let (Some(asked), Some(last)) = (asked, *last) {
+            if last >= asked {
+                return Ok(());
+            }
+        }
+        let started = Instant::now();
+        let pauses =
+            tokio::time::timeout(crate::store::batch::STATEMENT_DEADLINE, self.store.pauses())
+                .await
+                .map_err(|_| {
+                    db_err("reading paused dispatchers")(sea_orm::DbErr::Custom(
+                        "no answer in time".into(),
+                    ))
+                })??;
+        *last = Some(started);
+        let now = now();
+        let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        for name in paused.keys() {
+            if !pauses.iter().any(|p| &p.dispatcher == name) {
+                self.metrics
+                    .dispatcher_paused
+                    .with_label_values(&[name])
+                    .set(0);
+                self.metrics
+                    .dispatcher_paused_seconds
+                    .with_label_values(&[name])
+                    .set(0.0);
+            }
+        }
+        paused.clear();
+        for p in pauses {
+            let age = std::cmp::Ord::max((now - p.paused_at).num_milliseconds(), 0) as f64 / 1000.0;
+            self.metrics
+                .dispatcher_paused
+                .with_label_values(&[&p.dispatcher])
+                .set(1);
+            self.metrics
+                .dispatcher_paused_seconds
+                .with_label_values(&[&p.dispatcher])
+                .set(age);
+            paused.insert(p.dispatcher.clone(), p);
+        }
+        Ok(())
+    }
+
+    fn is_paused(&self, dispatcher: &str) -> bool {
+        self.paused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(dispatcher)
+    }
+
+    /// What a job of `dispatcher`, whose row has `attempts_left` attempts
+    /// (this one included), does now. A pause is confirmed with a fresh
+    /// read before a row is parked; a failed read is an error (the job
+    /// asks again later, it neither parks nor sends).
+    pub async fn verdict(
+        &self,
+        dispatcher: &str,
+        attempts_left: i32,
+    ) -> Result<Verdict, StoreError> {
+        if self.is_paused(dispatcher) {
+            self.read_pauses(Some(Instant::now())).await?;
+            if self.is_paused(dispatcher) {
+                self.metrics
+                    .events_parked_total
+                    .with_label_values(&[dispatcher])
+                    .inc();
+                return Ok(Verdict::Park);
+            }
+        }
+        let Some(breaker) = self.breakers.get(dispatcher) else {
+            return Ok(Verdict::Go);
+        };
+        let mut b = breaker.lock().unwrap_or_else(|e| e.into_inner());
+        let verdict = b.verdict(Instant::now(), attempts_left);
+        self.metrics
+            .dispatcher_breaker_state
+            .with_label_values(&[dispatcher])
+            .set(b.state_code());
+        Ok(verdict)
+    }
+
+    /// The result of an attempt made with [`Verdict::Go`] or
+    /// [`Verdict::Probe`].
+    pub fn report(&self, dispatcher: &str, success: bool, probe: bool) {
+        let Some(breaker) = self.breakers.get(dispatcher) else {
+            return;
+        };
+        let mut b = breaker.lock().unwrap_or_else(|e| e.into_inner());
+        let before = b.state_code();
+        b.report(Instant::now(), success, probe);
+        let after = b.state_code();
+        self.metrics
+            .dispatcher_breaker_state
+            .with_label_values(&[dispatcher])
+            .set(after);
+        if before != after {
+            match after {
+                1 => {
+                    tracing::warn!(dispatcher, cool_down = ?b.settings.cool_down, "breaker open: holding this dispatcher's events (no attempt used)")
+                }
+                0 => tracing::info!(dispatcher, "breaker closed: sending again"),
+                _ => {}
+            }
+        }
+        drop(b);
+        if probe {
+            self.probed.notify_waiters();
+        }
+    }
+
+    /// Waits until `until`, or until a probe reports (its result may let
+    /// the held events go sooner).
+    pub async fn hold_until(&self, until: Instant) {
+        let probed = self.probed.notified();
+        tokio::select! {
+            _ = tokio::time::sleep_until(until.into()) => {}
+            _ = probed => {}
+        }
+    }
+
+    /// The breaker state of each dispatcher that has one: `closed`,
+    /// `open` or `half-open`.
+    pub fn breaker_states(&self) -> HashMap<String, &'static str> {
+        self.breakers
+            .iter()
+            .map(|(name, b)| {
+                let b = b.lock().unwrap_or_else(|e| e.into_inner());
+                (name.clone(), b.state_name())
+            })
+            .collect()
+    }
+}
+
+/// How long a probe may be made of a row on its last attempt only if no
+/// other row took it first (a probe's failure counts, as every failure).
+pub const LAST_ATTEMPT_PROBE_DELAY: Duration = Duration::from_secs(1);
+
+/// A breaker's state machine, driven by the instants it is given (a test
+/// clock in the unit tests).
+#[derive(Debug)]
+pub struct Breaker {
+    settings: BreakerSettings,
+    state: State,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    Closed {
+        failures: u32,
+        last: Option<Instant>,
+    },
+    /// Holding until `until`; then one probe.
+    Open { until: Instant },
+    /// A probe is out, since this instant.
+    Probing { since: Instant },
+}
+
+impl Breaker {
+    pub fn new(settings: BreakerSettings) -> Self {
+        Breaker {
+            settings,
+            state: State::Closed {
+                failures: 0,
+                last: None,
+            },
+        }
+    }
+
+    pub fn verdict(&mut self, now: Instant, attempts_left: i32) -> Verdict {
+        match self.state {
+            State::Closed { .. } => Verdict::Go,
+            State::Open { until } if now < until => Verdict::WaitUntil(until),
+            State::Open { until } => {
+                // A row with attempts to spare probes first; one on its
+                // last attempt only when no other came forward.
+                if attempts_left > 1 || now >= until + LAST_ATTEMPT_PROBE_DELAY {
+                    self.state = State::Probing { since: now };
+                    Verdict::Probe
+                } else {
+                    Verdict::WaitUntil(until + LAST_ATTEMPT_PROBE_DELAY)
+                }
+            }
+            // A probe that never reports (its job cancelled) is given up
+            // after a cool-down: the next row probes.
+            State::Probing { since } if now >= since + self.settings.cool_down => {
+                self.state = State::Open { until: now };
+                self.verdict(now, attempts_left)
+            }
+            State::Probing { since } => Verdict::WaitUntil(since + self.settings.cool_down),
+        }
+    }
+
+    pub fn report(&mut self, now: Instant, success: bool, probe: bool) {
+        self.state = match (self.state, success) {
+            (_, true) if probe => State::Closed {
+                failures: 0,
+                last: None,
+            },
+            (State::Probing { .. }, false) if probe => State::Open {
+                until: now + self.settings.cool_down,
+            },
+            (State::Closed { .. }, true) => State::Closed {
+                failures: 0,
+                last: None,
+            },
+            (State::Closed { failures, last }, false) => {
+                let in_a_row = match last {
+                    Some(last) if now.duration_since(last) <= self.settings.within => failures + 1,
+                    _ => 1,
+                };
+                if in_a_row >= self.settings.failures {
+                    State::Open {
+                        until: now + self.settings.cool_down,
+                    }
+                } else {
+                    State::Closed {
+                        failures: in_a_row,
+                        last: Some(now),
+                    }
+                }
+            }
+            // Results of requests sent before the breaker opened change
+            // nothing while it is open or probing.
+            (state, _) => state,
+        };
+    }
+
+    pub fn state_code(&self) -> i64 {
+        match self.state {
+            State::Closed { .. } => 0,
+            State::Open { .. } => 1,
+            State::Probing { .. } => 2,
+        }
+    }
+
+    pub fn state_name(&self) -> &'static str {
+        match self.state {
+            State::Closed { .. } => "closed",
+            State::Open { .. } => "open",
+            State::Probing { .. } => "half-open",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker() -> Breaker {
+        Breaker::new(BreakerSettings {
+            failures: 3,
+            within: Duration::from_secs(10),
+            cool_down: Duration::from_secs(30),
+        })
+    }
+
+    #[test]
+    fn opens_after_failures_in_a_row_and_holds_for_the_cool_down() {
+        let t0 = Instant::now();
+        let mut b = breaker();
+        for i in 0..2 {
+            b.report(t0 + Duration::from_secs(i), false, false);
+            assert!(matches!(b.verdict(t0, 3), Verdict::Go));
+        }
+        b.report(t0 + Duration::from_secs(2), false, false);
+        let until = t0 + Duration::from_secs(32);
+        assert!(
+            matches!(b.verdict(t0 + Duration::from_secs(3), 3), Verdict::WaitUntil(u) if u == until)
+        );
+        assert_eq!(b.state_name(), "open");
+    }
+
+    #[test]
+    fn a_success_or_a_gap_longer_than_within_resets_the_count() {
+        let t0 = Instant::now();
+        let mut b = breaker();
+        b.report(t0, false, false);
+        b.report(t0, false, false);
+        b.report(t0, true, false);
+        b.report(t0, false, false);
+        b.report(t0, false, false);
+        assert_eq!(b.state_name(), "closed");
+        b.report(t0 + Duration::from_secs(11), false, false);
+        assert_eq!(
+            b.state_name(),
+            "closed",
+            "11 s after the last failure: a new run"
+        );
+    }
+
+    #[test]
+    fn one_probe_after_the_cool_down_closes_or_reopens() {
+        let t0 = Instant::now();
+        let mut b = breaker();
+        for _ in 0..3 {
+            b.report(t0, false, false);
+        }
+        let after = t0 + Duration::from_secs(30);
+        assert!(matches!(b.verdict(after, 3), Verdict::Probe));
+        assert!(
+            matches!(b.verdict(after, 3), Verdict::WaitUntil(_)),
+            "one probe at a time"
+        );
+        b.report(after, false, true);
+        assert_eq!(b.state_name(), "open");
+        let later = after + Duration::from_secs(30);
+        assert!(matches!(b.verdict(later, 2), Verdict::Probe));
+        b.report(later, true, true);
+        assert_eq!(b.state_name(), "closed");
+        assert!(matches!(b.verdict(later, 1), Verdict::Go));
+    }
+
+    #[test]
+    fn a_row_on_its_last_attempt_probes_only_when_no_other_does() {
+        let t0 = Instant::now();
+        let mut b = breaker();
+        for _ in 0..3 {
+            b.report(t0, false, false);
+        }
+        let after = t0 + Duration::from_secs(30);
+        assert!(matches!(b.verdict(after, 1), Verdict::WaitUntil(_)));
+        assert!(matches!(b.verdict(after, 2), Verdict::Probe));
+        let mut b = breaker();
+        for _ in 0..3 {
+            b.report(t0, false, false);
+        }
+        let late = after + LAST_ATTEMPT_PROBE_DELAY;
+        assert!(matches!(b.verdict(late, 1), Verdict::Probe));
+    }
+
+    #[test]
+    fn a_probe_that_never_reports_is_replaced_after_a_cool_down() {
+        let t0 = Instant::now();
+        let mut b = breaker();
+        for _ in 0..3 {
+            b.report(t0, false, false);
+        }
+        let after = t0 + Duration::from_secs(30);
+        assert!(matches!(b.verdict(after, 3), Verdict::Probe));
+        assert!(matches!(
+            b.verdict(after + Duration::from_secs(30), 3),
+            Verdict::Probe
+        ));
+    }
+
+    #[test]
+    fn results_of_requests_sent_before_it_opened_change_nothing() {
+        let t0 = Instant::now();
+        let mut b = breaker();
+        for _ in 0..3 {
+            b.report(t0, false, false);
+        }
+        b.report(t0, true, false);
+        assert_eq!(b.state_name(), "open");
+    }
+}

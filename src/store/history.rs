@@ -1,0 +1,330 @@
+//! The attempt log (`[history]`, issue #18): one row per attempt, written
+//! with the attempt's status in the same statement (PostgreSQL) or the same
+//! transaction (elsewhere), so an attempt is on record exactly when its
+//! status is; and one row per resend, written with the resend.
+//!
+//! The log lives in its own table beside the application's: nothing of
+//! R-004's columns changes, `events prune` deletes only log rows.
+
+use chrono::NaiveDateTime;
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, Order, Query};
+use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement};
+use serde::Serialize;
+
+use super::{db_err, now, Store, StoreError};
+
+/// What an attempt's row holds about the attempt itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attempt {
+    pub event_id: i64,
+    /// 1-based: the attempt this was.
+    pub attempt: i32,
+    pub started_at: NaiveDateTime,
+    pub duration_ms: i32,
+    /// The receiver's status code, when it answered.
+    pub http_status: Option<u16>,
+    /// A redacted excerpt of the response, or the error text.
+    pub detail: Option<String>,
+}
+
+/// How a resend was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Via {
+    #[serde(rename = "cli")]
+    Cli,
+    #[serde(rename = "admin-api")]
+    AdminApi,
+    #[serde(rename = "console")]
+    Console,
+}
+
+impl Via {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Cli => "cli",
+            Via::AdminApi => "admin-api",
+            Via::Console => "console",
+        }
+    }
+}
+
+/// Who asked for an operator action: through what, and the caller's label
+/// (`--label`, `?label=`) when given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub via: Via,
+    pub label: Option<String>,
+}
+
+impl Caller {
+    pub fn new(via: Via, label: Option<String>) -> Self {
+        let label = label
+            .map(|l| {
+                l.chars()
+                    .filter(|c| !c.is_control())
+                    .take(255)
+                    .collect::<String>()
+            })
+            .filter(|l| !l.trim().is_empty());
+        Caller { via, label }
+    }
+}
+
+/// Where the log is written and who writes it.
+#[derive(Debug, Clone)]
+pub struct HistoryTable {
+    pub table: String,
+    /// This replica's name, written with each attempt.
+    pub replica: String,
+}
+
+/// One row of the log, as `events show` and `GET /admin/events/{id}` show it.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, FromQueryResult)]
+pub struct Record {
+    pub id: i64,
+    pub event_id: i64,
+    /// `attempt` or `resend`.
+    pub kind: String,
+    pub attempt: Option<i32>,
+    /// When the attempt started, or when the resend was made (UTC).
+    pub started_at: NaiveDateTime,
+    pub duration_ms: Option<i32>,
+    /// `success` or `failure` (attempts only).
+    pub outcome: Option<String>,
+    pub http_status: Option<i32>,
+    pub detail: Option<String>,
+    pub replica: Option<String>,
+    /// `cli`, `admin-api` or `console` (resends only).
+    pub via: Option<String>,
+    pub label: Option<String>,
+}
+
+/// `detail` is cut as `last_error` is (an excerpt is ≤ 200 bytes anyway).
+fn cut(detail: &Option<String>) -> Option<String> {
+    detail.as_deref().map(super::truncate_error)
+}
+
+fn quoted(table: &str) -> String {
+    format!("\"{}\"", table.replace('"', "\"\""))
+}
+
+impl HistoryTable {
+    /// PostgreSQL: the INSERT of `attempts` (their outcome `outcome`) as a
+    /// data-modifying CTE named `h`, taking only the events the `u` CTE
+    /// returned (the status writes that applied). Parameters from `$first`.
+    pub(crate) fn pg_cte(
+        &self,
+        attempts: &[Attempt],
+        outcome: &'static str,
+        first: usize,
+    ) -> (String, Vec<sea_orm::Value>) {
+        let p = |i: usize| format!("${}", first + i);
+        let sql = format!(
+            ", h AS (INSERT INTO {table} (event_id, kind, attempt, started_at, duration_ms, \
+             outcome, http_status, detail, replica) \
+             SELECT a.id, 'attempt', a.attempt, a.started_at, a.duration_ms, {outcome_p}, \
+             NULLIF(a.http_status, 0), NULLIF(a.detail, ''), {replica_p} \
+             FROM unnest({ids}::bigint[], {atts}::integer[], {starts}::timestamp[], \
+             {durs}::integer[], {codes}::integer[], {details}::text[]) \
+             AS a(id, attempt, started_at, duration_ms, http_status, detail) \
+             JOIN u ON u.id = a.id)",
+            table = quoted(&self.table),
+            outcome_p = p(0),
+            replica_p = p(1),
+            ids = p(2),
+            atts = p(3),
+            starts = p(4),
+            durs = p(5),
+            codes = p(6),
+            details = p(7),
+        );
+        let values = vec![
+            outcome.into(),
+            self.replica.clone().into(),
+            attempts
+                .iter()
+                .map(|a| a.event_id)
+                .collect::<Vec<i64>>()
+                .into(),
+            attempts
+                .iter()
+                .map(|a| a.attempt)
+                .collect::<Vec<i32>>()
+                .into(),
+            attempts
+                .iter()
+                .map(|a| a.started_at)
+                .collect::<Vec<NaiveDateTime>>()
+                .into(),
+            attempts
+                .iter()
+                .map(|a| a.duration_ms)
+                .collect::<Vec<i32>>()
+                .into(),
+            attempts
+                .iter()
+                .map(|a| a.http_status.map_or(0, i32::from))
+                .collect::<Vec<i32>>()
+                .into(),
+            attempts
+                .iter()
+                .map(|a| cut(&a.detail).unwrap_or_default())
+                .collect::<Vec<String>>()
+                .into(),
+        ];
+        (sql, values)
+    }
+
+    /// One multi-row INSERT of `attempts` (MySQL, SQLite: run in the
+    /// status write's transaction).
+    pub(crate) fn insert_attempts(
+        &self,
+        backend: DbBackend,
+        attempts: &[&Attempt],
+        outcome: &'static str,
+    ) -> Option<Statement> {
+        if attempts.is_empty() {
+            return None;
+        }
+        let mut insert = Query::insert()
+            .into_table(Alias::new(&self.table))
+            .columns(
+                [
+                    "event_id",
+                    "kind",
+                    "attempt",
+                    "started_at",
+                    "duration_ms",
+                    "outcome",
+                    "http_status",
+                    "detail",
+                    "replica",
+                ]
+                .map(Alias::new),
+            )
+            .to_owned();
+        for a in attempts {
+            insert.values_panic([
+                a.event_id.into(),
+                "attempt".into(),
+                a.attempt.into(),
+                a.started_at.into(),
+                a.duration_ms.into(),
+                outcome.into(),
+                a.http_status.map(i32::from).into(),
+                cut(&a.detail).into(),
+                self.replica.clone().into(),
+            ]);
+        }
+        Some(backend.build(&insert))
+    }
+
+    /// One multi-row INSERT of resend rows for `ids`.
+    pub(crate) fn insert_resends(
+        &self,
+        backend: DbBackend,
+        ids: &[i64],
+        at: NaiveDateTime,
+        caller: &Caller,
+    ) -> Option<Statement> {
+        if ids.is_empty() {
+            return None;
+        }
+        let mut insert = Query::insert()
+            .into_table(Alias::new(&self.table))
+            .columns(["event_id", "kind", "started_at", "via", "label"].map(Alias::new))
+            .to_owned();
+        for id in ids {
+            insert.values_panic([
+                (*id).into(),
+                "resend".into(),
+                at.into(),
+                caller.via.as_str().into(),
+                caller.label.clone().into(),
+            ]);
+        }
+        Some(backend.build(&insert))
+    }
+}
+
+impl Store {
+    /// The attempt log of event `id`, oldest first (empty with the log off).
+    pub async fn history(&self, id: i64) -> Result<Vec<Record>, StoreError> {
+        let Some(h) = self.history_table() else {
+            return Ok(Vec::new());
+        };
+        let stmt = Query::select()
+            .columns(
+                [
+                    "id",
+                    "event_id",
+                    "kind",
+                    "attempt",
+                    "started_at",
+                    "duration_ms",
+                    "outcome",
+                    "http_status",
+                    "detail",
+                    "replica",
+                    "via",
+                    "label",
+                ]
+                .map(Alias::new),
+            )
+            .from(Alias::new(&h.table))
+            .and_where(Expr::col(Alias::new("event_id")).eq(id))
+            .order_by(Alias::new("id"), Order::Asc)
+            .to_owned();
+        let rows = self
+            .connection()
+            .query_all(&stmt)
+            .await
+            .map_err(db_err("reading the attempt log"))?;
+        rows.iter()
+            .map(|r| Record::from_query_result(r, ""))
+            .collect::<Result<_, _>>()
+            .map_err(db_err("reading the attempt log"))
+    }
+
+    /// Deletes log rows older than `older_than`, at most `batch` per
+    /// statement (short locks, short transactions), until none is left;
+    /// never a row of the outbox table. Returns how many it deleted.
+    pub async fn prune_history(
+        &self,
+        older_than: std::time::Duration,
+        batch: u64,
+    ) -> Result<u64, StoreError> {
+        let Some(h) = self.history_table() else {
+            return Ok(0);
+        };
+        let age = chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        let before = now().checked_sub_signed(age).unwrap_or(NaiveDateTime::MIN);
+        let table = quoted(&h.table);
+        let backend = self.backend();
+        let sql = match backend {
+            DbBackend::Postgres => format!(
+                "DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE started_at < $1 LIMIT {batch})"
+            ),
+            DbBackend::MySql => format!(
+                "DELETE FROM `{}` WHERE started_at < ? LIMIT {batch}",
+                h.table.replace('`', "``")
+            ),
+            _ => format!(
+                "DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE started_at < ? LIMIT {batch})"
+            ),
+        };
+        let mut total = 0;
+        loop {
+            let stmt = Statement::from_sql_and_values(backend, sql.clone(), [before.into()]);
+            let res = self
+                .connection()
+                .execute_raw(stmt)
+                .await
+                .map_err(db_err("pruning the attempt log"))?;
+            total += res.rows_affected();
+            if res.rows_affected() < batch {
+                return Ok(total);
+            }
+        }
+    }
+}
