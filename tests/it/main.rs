@@ -10,6 +10,7 @@ mod demo;
 mod deploy;
 mod faults;
 mod harness;
+mod history;
 mod operations;
 mod pipeline;
 mod process;

@@ -1,0 +1,382 @@
+//! The attempt log (issue #18): one row per attempt, on record exactly when
+//! its status write is; one row per resend; pruning; read through the admin
+//! API and `events show`.
+
+use std::time::Duration;
+
+use entity::Status;
+use outbox_sidecar::store::batch::{mark_sent_many, register_failure_many, Failure, Key, Sent};
+use outbox_sidecar::store::history::{Attempt, Caller, Via};
+use outbox_sidecar::store::{FailedFilter, Outcome, Store};
+use sea_orm::ConnectionTrait;
+use serde_json::json;
+use wiremock::ResponseTemplate;
+
+use crate::db::{Backend, TestDb};
+use crate::harness::{spawn_app_with, Options, Receiver};
+
+async fn pending(store: &Store) -> entity::OutboxEventRow {
+    let id = store
+        .insert("accounts.purchase_create", &json!({"amount": 10}))
+        .await
+        .expect("insert");
+    store.get(id).await.unwrap().unwrap()
+}
+
+fn attempt(id: i64, n: i32, http: Option<u16>, detail: &str) -> Attempt {
+    Attempt {
+        event_id: id,
+        attempt: n,
+        started_at: outbox_sidecar::store::now(),
+        duration_ms: 12 * n,
+        http_status: http,
+        detail: Some(detail.to_owned()),
+    }
+}
+
+async fn log_rows(store: &Store) -> i64 {
+    let row = store
+        .connection()
+        .query_one_raw(sea_orm::Statement::from_string(
+            store.connection().get_database_backend(),
+            "SELECT COUNT(*) AS n FROM outbox_event_attempts",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get::<i64>("", "n").unwrap()
+}
+
+async fn attempts_are_on_record_exactly_when_their_status_is(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let row = pending(&store).await;
+    let first = attempt(row.id, 1, Some(503), "HTTP 503: down");
+    let failure = Failure {
+        seen: row.clone(),
+        error: "HTTP 503: down".into(),
+    };
+    let out = register_failure_many(&store, std::slice::from_ref(&failure), 3, &[first.clone()])
+        .await
+        .unwrap();
+    assert!(matches!(out[&row.id], Outcome::Applied(_)));
+    // The same write again (stale: the row has one attempt now) applies to
+    // nothing, and so records nothing.
+    let out = register_failure_many(&store, &[failure], 3, &[first.clone()])
+        .await
+        .unwrap();
+    assert!(matches!(out[&row.id], Outcome::Conflict(_)));
+    assert_eq!(
+        log_rows(&store).await,
+        1,
+        "a write that did not apply logs nothing"
+    );
+
+    // A batch of two where one key is stale: only the applied one logs.
+    let other = pending(&store).await;
+    let keys = [
+        Key {
+            id: row.id,
+            attempts: 1,
+        },
+        Key {
+            id: other.id,
+            attempts: 5,
+        },
+    ];
+    let log = [
+        attempt(row.id, 2, Some(201), "{\"ok\":true}"),
+        attempt(other.id, 6, Some(201), "stale"),
+    ];
+    let out = mark_sent_many(&store, &keys, &log).await.unwrap();
+    assert!(matches!(out[&row.id], Sent::Applied { .. }));
+    assert!(matches!(out[&other.id], Sent::Conflict(_)));
+    assert_eq!(log_rows(&store).await, 2);
+
+    let history = store.history(row.id).await.unwrap();
+    assert_eq!(history.len(), 2, "{history:?}");
+    let (a, b) = (&history[0], &history[1]);
+    assert_eq!(
+        (
+            a.kind.as_str(),
+            a.attempt,
+            a.outcome.as_deref(),
+            a.http_status
+        ),
+        ("attempt", Some(1), Some("failure"), Some(503))
+    );
+    assert_eq!(a.detail.as_deref(), Some("HTTP 503: down"));
+    assert_eq!(a.duration_ms, Some(12));
+    assert_eq!(
+        (
+            b.kind.as_str(),
+            b.attempt,
+            b.outcome.as_deref(),
+            b.http_status
+        ),
+        ("attempt", Some(2), Some("success"), Some(201))
+    );
+    assert_eq!(b.detail.as_deref(), Some("{\"ok\":true}"));
+    let replica = outbox_sidecar::config::HistorySettings::default().replica_name();
+    assert_eq!(a.replica.as_deref(), Some(replica.as_str()));
+    assert!(store.history(other.id).await.unwrap().is_empty());
+    assert_eq!(
+        store.get(other.id).await.unwrap().unwrap().status,
+        Status::Pending
+    );
+}
+
+async fn resends_are_recorded_with_who_asked(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let mut failed = Vec::new();
+    for _ in 0..3 {
+        let mut row = pending(&store).await;
+        for i in 0..3 {
+            row = match store
+                .register_failure(&row, &format!("HTTP 503 #{i}"), 3)
+                .await
+                .unwrap()
+            {
+                Outcome::Applied(r) => r,
+                other => panic!("{other:?}"),
+            };
+        }
+        failed.push(row);
+    }
+    let one = Caller::new(Via::AdminApi, Some("after the 02:00 outage".into()));
+    store.retry(failed[0].id, &one).await.unwrap().unwrap();
+    // A refused resend (the row is pending now) records nothing.
+    assert!(store.retry(failed[0].id, &one).await.unwrap().is_err());
+    let bulk = Caller::new(Via::Cli, None);
+    assert_eq!(
+        store
+            .retry_failed(&FailedFilter::default(), &bulk)
+            .await
+            .unwrap(),
+        2
+    );
+    let h = store.history(failed[0].id).await.unwrap();
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(h[0].kind, "resend");
+    assert_eq!(h[0].via.as_deref(), Some("admin-api"));
+    assert_eq!(h[0].label.as_deref(), Some("after the 02:00 outage"));
+    for row in &failed[1..] {
+        let h = store.history(row.id).await.unwrap();
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(
+            (h[0].kind.as_str(), h[0].via.as_deref()),
+            ("resend", Some("cli"))
+        );
+        assert_eq!(h[0].label, None);
+        assert_eq!(
+            store.get(row.id).await.unwrap().unwrap().status,
+            Status::Pending
+        );
+    }
+}
+
+async fn prune_deletes_old_log_rows_only(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let mut log = Vec::new();
+    let mut failures = Vec::new();
+    for age_days in [40, 31, 1, 0] {
+        let row = pending(&store).await;
+        let mut a = attempt(row.id, 1, Some(500), "HTTP 500");
+        a.started_at -= chrono::Duration::days(age_days);
+        log.push(a);
+        failures.push(Failure {
+            seen: row,
+            error: "HTTP 500".into(),
+        });
+    }
+    register_failure_many(&store, &failures, 3, &log)
+        .await
+        .unwrap();
+    assert_eq!(log_rows(&store).await, 4);
+    // Batches of one: the loop runs until nothing old is left.
+    let pruned = store
+        .prune_history(Duration::from_secs(30 * 24 * 3600), 1)
+        .await
+        .unwrap();
+    assert_eq!(pruned, 2);
+    assert_eq!(log_rows(&store).await, 2);
+    assert_eq!(
+        store.stats().await.unwrap().pending,
+        4,
+        "no outbox row touched"
+    );
+}
+
+async fn with_the_log_off_nothing_is_written(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await.without_history();
+    let row = pending(&store).await;
+    let out = register_failure_many(
+        &store,
+        &[Failure {
+            seen: row.clone(),
+            error: "HTTP 500".into(),
+        }],
+        1,
+        &[attempt(row.id, 1, Some(500), "HTTP 500")],
+    )
+    .await
+    .unwrap();
+    assert!(matches!(&out[&row.id], Outcome::Applied(r) if r.status == Status::Failed));
+    store
+        .retry(row.id, &Caller::new(Via::Cli, None))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(log_rows(&store).await, 0);
+    assert!(store.history(row.id).await.unwrap().is_empty());
+}
+
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod postgres { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Postgres).await } )* }
+        mod mariadb { $( #[tokio::test] async fn $name() { super::$name(super::Backend::MySql).await } )* }
+        mod sqlite { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Sqlite).await } )* }
+    };
+}
+
+on_every_backend!(
+    attempts_are_on_record_exactly_when_their_status_is,
+    resends_are_recorded_with_who_asked,
+    prune_deletes_old_log_rows_only,
+    with_the_log_off_nothing_is_written,
+);
+
+const TOKEN: &str = "test-admin-token-0123456789";
+
+/// Through the running sidecar: two 500s (the body echoing the dispatcher's
+/// secret header), then a 201 with a body; the admin API and `events show`
+/// give the three attempts in order, and a resend.
+#[tokio::test]
+async fn the_timeline_of_a_real_event() {
+    let receiver = Receiver::start(|r| match r.nth {
+        0 | 1 => ResponseTemplate::new(500)
+            .set_body_string("{\"error\":\"down\",\"echo\":\"Bearer accounts-secret-token\"}"),
+        _ => ResponseTemplate::new(201).set_body_string("{\"id\":\"acc-77\"}"),
+    })
+    .await;
+    let t = spawn_app_with(Options::default(), receiver).await;
+    let id = t
+        .insert("accounts.purchase_create", json!({"amount": 1}))
+        .await;
+    t.wait_status(id, Status::Sent, Duration::from_secs(30))
+        .await;
+    let client = reqwest::Client::new();
+    let view: serde_json::Value = client
+        .get(t.api_url(&format!("/admin/events/{id}")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let history = view["history"]
+        .as_array()
+        .expect("history in the event view");
+    assert_eq!(history.len(), 3, "{view:#}");
+    let field = |i: usize, k: &str| history[i][k].clone();
+    for (i, (outcome, code)) in [("failure", 500), ("failure", 500), ("success", 201)]
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(field(i, "attempt"), json!(i + 1), "{view:#}");
+        assert_eq!(field(i, "outcome"), json!(outcome), "{view:#}");
+        assert_eq!(field(i, "http_status"), json!(code), "{view:#}");
+        assert!(field(i, "duration_ms").as_i64().unwrap() >= 0);
+        assert!(!field(i, "replica").as_str().unwrap().is_empty());
+    }
+    let detail = field(0, "detail").as_str().unwrap().to_owned();
+    assert!(
+        detail.starts_with("HTTP 500: {\"error\":\"down\""),
+        "{detail}"
+    );
+    assert!(
+        !detail.contains("accounts-secret-token"),
+        "redacted: {detail}"
+    );
+    assert_eq!(field(2, "detail"), json!("{\"id\":\"acc-77\"}"));
+    assert_eq!(view["attempts"], json!(2), "R-004's count is unchanged");
+
+    let out = crate::cli::bin()
+        .env("OUTBOX__DATABASE__URL", &t.db.url)
+        .args(["events", "show", &id.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains(&format!("event {id}  accounts.purchase_create")),
+        "{text}"
+    );
+    assert!(text.contains("status      sent"), "{text}");
+    assert!(text.contains("attempt 1 failure"), "{text}");
+    assert!(text.contains("attempt 3 success"), "{text}");
+    assert!(text.contains("HTTP 201"), "{text}");
+    let missing = crate::cli::bin()
+        .env("OUTBOX__DATABASE__URL", &t.db.url)
+        .args(["events", "show", "999999"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&missing.stderr),
+        "error: event 999999 not found\n"
+    );
+}
+
+/// A sidecar whose attempt log table is missing refuses to start, naming
+/// the key and the remedy; `migrate` creates it.
+#[tokio::test]
+async fn a_missing_log_table_is_refused_at_start_up() {
+    let db = TestDb::postgres().await;
+    let conn = sea_orm::Database::connect(&db.url).await.unwrap();
+    let store = db.store().await;
+    drop(store);
+    conn.execute_unprepared("DROP TABLE outbox_event_attempts")
+        .await
+        .unwrap();
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        config.path(),
+        "[kafka]\nbrokers = \"127.0.0.1:1\"\ntopic = \"t\"\n\
+         [dispatchers.accounts]\nurl = \"http://127.0.0.1:1/api/v1/events\"\nevents = [\"a\"]\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\napi_listen = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        crate::cli::bin()
+            .env("OUTBOX__DATABASE__URL", &db.url)
+            .arg("--config")
+            .arg(config.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["run"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "table \"outbox_event_attempts\" (history.table) does not exist: run `outbox-sidecar migrate`, or set history.enabled = false"
+        ),
+        "{stderr}"
+    );
+    let out = run(&["migrate"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    conn.execute_unprepared("SELECT 1 FROM outbox_event_attempts")
+        .await
+        .expect("migrate created the log table");
+}
