@@ -237,6 +237,24 @@ impl Holds {
             .contains_key(dispatcher)
     }
 
+    /// Whether `dispatcher` is paused, as last read; a pause is confirmed
+    /// by a read that started after this call before the answer is yes
+    /// (and counted as a parked event).
+    pub async fn paused_now(&self, dispatcher: &str) -> Result<bool, StoreError> {
+        if !self.is_paused(dispatcher) {
+            return Ok(false);
+        }
+        self.read_pauses(Some(Instant::now())).await?;
+        let paused = self.is_paused(dispatcher);
+        if paused {
+            self.metrics
+                .events_parked_total
+                .with_label_values(&[dispatcher])
+                .inc();
+        }
+        Ok(paused)
+    }
+
     /// What a job of `dispatcher`, whose row has `attempts_left` attempts
     /// (this one included), does now. A pause is confirmed with a fresh
     /// read before a row is parked; a failed read is an error (the job
@@ -246,15 +264,8 @@ impl Holds {
         dispatcher: &str,
         attempts_left: i32,
     ) -> Result<Verdict, StoreError> {
-        if self.is_paused(dispatcher) {
-            self.read_pauses(Some(Instant::now())).await?;
-            if self.is_paused(dispatcher) {
-                self.metrics
-                    .events_parked_total
-                    .with_label_values(&[dispatcher])
-                    .inc();
-                return Ok(Verdict::Park);
-            }
+        if self.paused_now(dispatcher).await? {
+            return Ok(Verdict::Park);
         }
         let Some(breaker) = self.breakers.get(dispatcher) else {
             return Ok(Verdict::Go);

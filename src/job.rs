@@ -278,6 +278,13 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                     Err(_) => return JobEnd::Cancelled,
                 },
             };
+            // A pause seen while this job waited for its slot.
+            if let Some(name) = &dispatcher {
+                if matches!(ctx.holds.paused_now(name).await, Ok(true)) {
+                    info!(dispatcher = %name, "dispatcher paused: left pending, no attempt used");
+                    return JobEnd::Parked;
+                }
+            }
             let Some(_busy) = lease.enter() else {
                 return JobEnd::Cancelled;
             };

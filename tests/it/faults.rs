@@ -19,6 +19,7 @@ mod crash;
 mod database;
 mod http;
 mod input;
+mod outage;
 mod rebalance;
 mod security;
 pub mod setup;
