@@ -56,13 +56,18 @@ async fn attempts_are_on_record_exactly_when_their_status_is(backend: Backend) {
         seen: row.clone(),
         error: "HTTP 503: down".into(),
     };
-    let out = register_failure_many(&store, std::slice::from_ref(&failure), 3, &[first.clone()])
-        .await
-        .unwrap();
+    let out = register_failure_many(
+        &store,
+        std::slice::from_ref(&failure),
+        3,
+        std::slice::from_ref(&first),
+    )
+    .await
+    .unwrap();
     assert!(matches!(out[&row.id], Outcome::Applied(_)));
     // The same write again (stale: the row has one attempt now) applies to
     // nothing, and so records nothing.
-    let out = register_failure_many(&store, &[failure], 3, &[first.clone()])
+    let out = register_failure_many(&store, &[failure], 3, std::slice::from_ref(&first))
         .await
         .unwrap();
     assert!(matches!(out[&row.id], Outcome::Conflict(_)));
