@@ -674,7 +674,7 @@ impl Settings {
             ("history.table", &self.history.table),
             ("dispatch.pause_table", &self.dispatch.pause_table),
         ] {
-            if !valid_identifier(table) {
+            if !valid_identifier(table) || table.contains('.') {
                 return Err(ConfigError::key(
                     key,
                     format!("{table:?} is not a plain table name (letters, digits and _)"),

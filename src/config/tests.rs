@@ -597,3 +597,67 @@ fn buffered_bytes_take_sizes_with_units_and_refuse_the_unusable() {
         "{e}"
     );
 }
+
+#[test]
+fn history_pause_and_breaker_keys() {
+    let base = "[database]\nurl = \"sqlite::memory:\"\n\
+        [dispatchers.a]\nurl = \"http://a\"\nevents = [\"x\"]\n";
+    let s = Settings::from_toml(Some(base), BTreeMap::new()).unwrap();
+    assert!(s.history.enabled, "the attempt log is on by default");
+    assert_eq!(s.history.table, "outbox_event_attempts");
+    assert_eq!(s.history.retention, Duration::from_secs(30 * 24 * 3600));
+    assert_eq!(s.dispatch.pause_table, "outbox_dispatcher_pauses");
+    assert_eq!(s.dispatch.pause_refresh, Duration::from_secs(1));
+    assert!(
+        s.dispatchers["a"].breaker.is_none(),
+        "no breaker unless set"
+    );
+
+    let s = Settings::from_toml(
+        Some(&format!("{base}[dispatchers.a.breaker]\nfailures = 2\n")),
+        env(&[
+            ("OUTBOX__HISTORY__ENABLED", "false"),
+            ("OUTBOX__HISTORY__RETENTION", "7d"),
+            ("OUTBOX__DISPATCHERS__A__BREAKER__COOL_DOWN", "10s"),
+        ]),
+    )
+    .unwrap();
+    assert!(!s.history.enabled);
+    assert_eq!(s.history.retention, Duration::from_secs(7 * 24 * 3600));
+    let b = s.dispatchers["a"].breaker.as_ref().unwrap();
+    assert_eq!(
+        (b.failures, b.within, b.cool_down),
+        (2, Duration::from_secs(30), Duration::from_secs(10))
+    );
+
+    for (extra, message) in [
+        (
+            "[history]\ntable = \"outbox_events\"\n",
+            "history.table: \"outbox_events\" is database.table; the sidecar's own tables need their own names",
+        ),
+        (
+            "[history]\ntable = \"log.attempts\"\n",
+            "history.table: \"log.attempts\" is not a plain table name (letters, digits and _)",
+        ),
+        (
+            "[dispatch]\npause_table = \"outbox_event_attempts\"\n",
+            "dispatch.pause_table: is history.table too; each needs its own name",
+        ),
+        ("[history]\nretention = \"0s\"\n", "history.retention: must be above zero"),
+        (
+            "[dispatchers.a.breaker]\nfailures = 0\n",
+            "dispatchers.a.breaker.failures: must be at least 1",
+        ),
+        (
+            "[dispatchers.a.breaker]\ncool_down = \"0s\"\n",
+            "dispatchers.a.breaker.cool_down: must be above zero",
+        ),
+        (
+            "[dispatchers.a.breaker]\nfailure = 3\n",
+            "unknown field `failure`",
+        ),
+    ] {
+        let e = Settings::from_toml(Some(&format!("{base}{extra}")), BTreeMap::new()).unwrap_err();
+        assert!(e.to_string().contains(message), "{extra}: {e}");
+    }
+}

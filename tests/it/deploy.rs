@@ -106,6 +106,10 @@ fn job_pod() -> Value {
     manifest("Job")["spec"]["template"]["spec"].clone()
 }
 
+fn prune_pod() -> Value {
+    manifest("CronJob")["spec"]["jobTemplate"]["spec"]["template"]["spec"].clone()
+}
+
 /// The only container of the migration Job.
 fn job_container(pod: &Value) -> &Value {
     let containers = seq(&pod["containers"]);
@@ -394,15 +398,23 @@ fn configmap_loads_with_the_deployments_environment_and_the_sidecars_loader() {
 fn pods_run_the_cli_commands_with_the_configmap_as_their_file() {
     let pod = deployment_pod();
     let job = job_pod();
+    let prune = prune_pod();
     for (pod, c, want) in [
         (&pod, container(&pod, SIDECAR), "run"),
         (&job, job_container(&job), "migrate"),
+        (&prune, job_container(&prune), "prune"),
     ] {
         let argv = argv(c);
         assert_eq!(argv.first().map(String::as_str), Some(SIDECAR), "{argv:?}");
         let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
         match (&cli.command, want) {
             (Command::Run, "run") | (Command::Migrate, "migrate") => {}
+            (
+                Command::Events(outbox_sidecar::cli::EventsCommand::Prune {
+                    older_than: None, ..
+                }),
+                "prune",
+            ) => {}
             (other, _) => panic!("{argv:?} runs {other:?}, expected `{SIDECAR} {want}`"),
         }
         let file = cli.config.expect("--config");

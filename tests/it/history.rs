@@ -385,3 +385,82 @@ async fn a_missing_log_table_is_refused_at_start_up() {
         .await
         .expect("migrate created the log table");
 }
+
+#[tokio::test]
+async fn dispatchers_and_prune_from_the_command_line() {
+    let db = TestDb::postgres().await;
+    let store = db.store().await;
+    let id = pending(&store).await.id;
+    let run = |args: &[&str]| {
+        let out = crate::cli::bin()
+            .env("OUTBOX__DATABASE__URL", &db.url)
+            .env(
+                "OUTBOX__DISPATCHERS__ACCOUNTS__URL",
+                "http://127.0.0.1:1/api/v1/events",
+            )
+            .env(
+                "OUTBOX__DISPATCHERS__ACCOUNTS__EVENTS",
+                "accounts.purchase_create",
+            )
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(
+        run(&["dispatchers", "pause", "nope"]),
+        (
+            Some(2),
+            String::new(),
+            "error: no dispatcher \"nope\" (configured: accounts)\n".into()
+        )
+    );
+    let (code, out, _) = run(&[
+        "dispatchers",
+        "pause",
+        "accounts",
+        "--label",
+        "db maintenance",
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        out,
+        "dispatcher accounts paused: its events stay pending, no attempt is used\n"
+    );
+    let (_, out, _) = run(&["dispatchers", "pause", "accounts"]);
+    assert_eq!(out, "dispatcher accounts was already paused\n");
+    let (_, out, _) = run(&["dispatchers", "list"]);
+    assert!(out.starts_with("accounts "), "{out}");
+    assert!(out.contains("paused since "), "{out}");
+    assert!(out.ends_with("via cli (db maintenance)\n"), "{out}");
+    let before = store.get(id).await.unwrap().unwrap();
+    let (_, out, _) = run(&["dispatchers", "resume", "accounts"]);
+    assert_eq!(
+        out,
+        "dispatcher accounts resumed: 1 pending event(s) announced again\n"
+    );
+    let after = store.get(id).await.unwrap().unwrap();
+    assert!(
+        after.updated_at > before.updated_at,
+        "the pending row was touched"
+    );
+    assert_eq!(
+        (after.status, after.attempts),
+        (before.status, before.attempts)
+    );
+    let (_, out, _) = run(&["dispatchers", "resume", "accounts"]);
+    assert_eq!(out, "dispatcher accounts was not paused\n");
+    let (_, out, _) = run(&["dispatchers", "list"]);
+    assert!(out.trim_end().ends_with("sending"), "{out}");
+
+    let (code, out, _) = run(&["events", "prune"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(out, "pruned 0 attempt-log row(s) older than 30days\n");
+    let (code, _, err) = run(&["events", "prune", "--older-than", "soon"]);
+    assert_eq!(code, Some(2));
+    assert!(err.starts_with("error: --older-than: "), "{err}");
+}
