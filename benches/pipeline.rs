@@ -312,7 +312,13 @@ struct Sidecar {
 }
 
 impl Sidecar {
-    fn start(env: &Env, db_url: &str, brokers: &str, topic: &str) -> Result<Sidecar> {
+    fn start(
+        env: &Env,
+        db_url: &str,
+        brokers: &str,
+        topic: &str,
+        history: bool,
+    ) -> Result<Sidecar> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -334,6 +340,7 @@ impl Sidecar {
             .arg("run")
             .arg("--config")
             .arg(&config)
+            .env("OUTBOX__HISTORY__ENABLED", history.to_string())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&stderr)?)
@@ -1138,8 +1145,8 @@ async fn naive_loop(env: &Env, store: &Store, broker: &Broker, n: usize) -> Resu
 #[derive(Debug, Clone, Copy)]
 enum Scenario {
     /// Publish everything, then start the sidecar; `fail_tenth`: the first
-    /// attempt of every tenth id is refused.
-    Backlog { fail_tenth: bool },
+    /// attempt of every tenth id is refused; `history`: the attempt log on.
+    Backlog { fail_tenth: bool, history: bool },
     /// Start the sidecar, then publish at `rate` events/s.
     Paced { rate: f64 },
 }
@@ -1192,7 +1199,14 @@ async fn scenario(env: &Env, kind: Scenario, n: usize) -> Result<ScenarioResult>
         let store = open_store(&url, TABLE, 2).await?;
         insert_rows(&store, n).await?;
         let broker = Broker::start("outbox.public.outbox_events")?;
-        let fail_tenth = matches!(kind, Scenario::Backlog { fail_tenth: true });
+        let fail_tenth = matches!(
+            kind,
+            Scenario::Backlog {
+                fail_tenth: true,
+                ..
+            }
+        );
+        let history = !matches!(kind, Scenario::Backlog { history: false, .. });
         env.receiver.fail_tenth.store(fail_tenth, Ordering::Relaxed);
         let requests_before = env.receiver.requests.load(Ordering::Relaxed);
 
@@ -1206,7 +1220,8 @@ async fn scenario(env: &Env, kind: Scenario, n: usize) -> Result<ScenarioResult>
                 let pg0 = postgres_cpu_ticks();
                 let bench0 = self_cpu_ticks();
                 let started = Instant::now();
-                let mut sidecar = Sidecar::start(env, &url, &broker.brokers, &broker.topic)?;
+                let mut sidecar =
+                    Sidecar::start(env, &url, &broker.brokers, &broker.topic, history)?;
                 let run = async {
                     sidecar.wait_ready().await?;
                     let ready_at = chrono::Utc::now().timestamp_micros();
@@ -1264,7 +1279,8 @@ async fn scenario(env: &Env, kind: Scenario, n: usize) -> Result<ScenarioResult>
             }
             Scenario::Paced { rate } => {
                 let rows = load_rows(&store, 0, n).await?;
-                let mut sidecar = Sidecar::start(env, &url, &broker.brokers, &broker.topic)?;
+                let mut sidecar =
+                    Sidecar::start(env, &url, &broker.brokers, &broker.topic, history)?;
                 let run = async {
                     sidecar.wait_ready().await?;
                     let ready_at = chrono::Utc::now().timestamp_micros();
@@ -1587,6 +1603,8 @@ fn add_scenario(sheet: &mut Sheet, label: &str, o: &ScenarioResult, load: f64, b
 
 const S1: &str = "S1 backlog";
 const S2: &str = "S2 10% fail once";
+/// S1 with the attempt log off (history.enabled = false): its cost.
+const S1_NO_LOG: &str = "S1 backlog, attempt log off";
 
 /// One backlog scenario: run, print, add to the sheet.
 async fn backlog(
@@ -1595,6 +1613,7 @@ async fn backlog(
     run: usize,
     label: &str,
     fail_tenth: bool,
+    history: bool,
 ) -> Result<ScenarioResult> {
     eprintln!(
         "[run {run}] {label}: backlog of {} (load {})",
@@ -1602,7 +1621,15 @@ async fn backlog(
         loadavg_line()
     );
     let l = load1();
-    let s = scenario(env, Scenario::Backlog { fail_tenth }, env.opts.events).await?;
+    let s = scenario(
+        env,
+        Scenario::Backlog {
+            fail_tenth,
+            history,
+        },
+        env.opts.events,
+    )
+    .await?;
     eprintln!(
         "[run {run}]   {:.0} events/s, p50 {:.0} ms",
         s.rate, s.p50_ms
@@ -1615,12 +1642,13 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     let o = &env.opts;
     if o.backlog_only {
         // For comparing changes: scenario 1 alone, no limits, no ratios.
-        backlog(env, sheet, run, S1, false).await?;
+        backlog(env, sheet, run, S1, false, true).await?;
         return Ok(());
     }
     limits(env, sheet, run).await?;
-    let s1 = backlog(env, sheet, run, S1, false).await?;
-    backlog(env, sheet, run, S2, true).await?;
+    let s1 = backlog(env, sheet, run, S1, false, true).await?;
+    backlog(env, sheet, run, S1_NO_LOG, false, false).await?;
+    backlog(env, sheet, run, S2, true, true).await?;
 
     let rate = s1.rate / 2.0;
     let n3 = ((rate * o.paced_seconds).round() as usize).max(1);
@@ -1776,6 +1804,17 @@ fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String {
             ),
         );
     }
+    let (logged, unlogged) = (rate_of(S1), rate_of(S1_NO_LOG));
+    line(
+        &mut out,
+        format!(
+            "{} the attempt log costs ≤ 10% (S1 with it ≥ 0.9 × S1 without): {} vs {} (× {:.2})",
+            verdict(logged >= 0.9 * unlogged),
+            show(logged, Unit::Rate),
+            show(unlogged, Unit::Rate),
+            logged / unlogged
+        ),
+    );
     let p99 = m("S3 paced: publish→sent p99");
     let rate3 = m("S3 paced: publish rate (half of S1)");
     line(
