@@ -170,6 +170,7 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
                 event_name,
                 limit: Some(limit),
                 before,
+                ..ListFilter::default()
             };
             match store.list(&filter).await {
                 Ok(rows) => {
@@ -209,8 +210,7 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
                     return EXIT_USAGE;
                 }
             };
-            let (count, sample) = match store.preview_failed(&filter, crate::operator::SAMPLE).await
-            {
+            let (count, sample) = match crate::operator::preview_resend(&store, &filter).await {
                 Ok(preview) => preview,
                 Err(e) => return fail(&e),
             };
@@ -226,7 +226,7 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
                 );
                 return EXIT_FAILED;
             }
-            match store.retry_failed(&filter).await {
+            match crate::operator::resend_failed(&store, None, &filter).await {
                 Ok(n) => {
                     println!("resent {n} failed event(s)");
                     EXIT_OK
@@ -261,7 +261,7 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
         EventsCommand::Retry { ids, .. } => {
             let mut code = EXIT_OK;
             for id in ids {
-                match store.retry(id).await {
+                match crate::operator::resend_one(&store, None, id).await {
                     Ok(Ok(row)) => println!(
                         "event {}: failed -> pending (attempts {})",
                         row.id, row.attempts

@@ -238,6 +238,7 @@ async fn list_and_bulk_resend(backend: Backend) {
         event_name: name.map(str::to_owned),
         limit: None,
         before: None,
+        ..Default::default()
     };
     let failed = store
         .list(&filter(Some(Status::Failed), None))
