@@ -140,9 +140,11 @@ async fn console_in_a_browser_sign_in_see_a_failure_resend_it_and_resend_in_bulk
         b.text("#would-resend").await,
         "2 failed events would be resent."
     );
-    let sample = b.text("#sample").await;
-    assert!(bulk.iter().all(|id| sample.contains(&id.to_string())));
-    assert!(!sample.contains(&other.to_string()));
+    b.find("#sample").await;
+    let page = b.client.source().await.unwrap();
+    let linked = |id: i64| page.contains(&format!("href=\"/admin/console/events/{id}\""));
+    assert!(bulk.iter().all(|id| linked(*id)), "{page}");
+    assert!(!linked(other), "{page}");
     for id in bulk {
         assert_eq!(
             t.row(*id).await.status,
@@ -322,6 +324,39 @@ async fn console_refuses_every_page_and_action_without_a_session_and_posts_witho
     }
     assert_eq!(t.row(id).await.status, Status::Failed, "nothing was resent");
     assert_eq!(t.receiver.for_id(id).len(), 3);
+
+    // The events list's filters: error text and failure time.
+    let list = |query: &'static str| {
+        let http = http.clone();
+        let cookie = cookie.clone();
+        let u = url(&format!("/admin/console/events?{query}"));
+        async move {
+            let r = http.get(u).header("cookie", cookie).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let link = format!("href=\"/admin/console/events/{id}\"");
+    let (status, page) = list("error_contains=HTTP+503&failed_since=2000-01-01+00:00").await;
+    assert_eq!(status, 200);
+    assert!(page.contains(&link), "{page}");
+    for query in [
+        "error_contains=HTTP+500",
+        "failed_since=2999-01-01T00:00:00Z",
+        "failed_until=2000-01-01+00:00",
+        "status=sent",
+        "event_name=accounts.installment_paid",
+    ] {
+        let (status, page) = list(query).await;
+        assert_eq!(status, 200, "{query}");
+        assert!(!page.contains(&link), "{query}: {page}");
+        assert!(page.contains("No events."), "{query}");
+    }
+    let (status, page) = list("failed_since=noon").await;
+    assert_eq!(status, 400);
+    assert!(
+        page.contains("failed_since: &quot;noon&quot; is not a time"),
+        "{page}"
+    );
 
     // The session's cookie is no bearer token: the JSON API still refuses.
     let r = http

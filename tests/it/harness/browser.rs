@@ -153,6 +153,7 @@ impl Browser {
         std::fs::create_dir_all(&dir).expect("the screenshot folder");
         std::fs::write(dir.join(name), &png).expect("write the screenshot");
         if std::env::var("OUTBOX_UPDATE_SCREENSHOTS").as_deref() == Ok("1") {
+            std::fs::create_dir_all(root.join("docs")).expect("the docs folder");
             std::fs::write(root.join("docs").join(name), &png).expect("write docs/ screenshot");
         }
     }
