@@ -380,6 +380,36 @@ async fn console_refuses_every_page_and_action_without_a_session_and_posts_witho
     assert_eq!(location(&r), format!("/admin/console/events/{id}?resent=1"));
     t.wait_status(id, Status::Sent, T).await;
 
+    // Cursor paging: 50 a page, newest first, with the API's cursor.
+    let mut newer = Vec::new();
+    for _ in 0..50 {
+        newer.push(t.insert("accounts.installment_paid", json!({})).await);
+    }
+    for n in &newer {
+        t.wait_status(*n, Status::Sent, T).await;
+    }
+    let get = |path: String| {
+        let req = http.get(url(&path)).header("cookie", &cookie);
+        async move { req.send().await.unwrap().text().await.unwrap() }
+    };
+    let linked =
+        |page: &str, id: i64| page.contains(&format!("href=\"/admin/console/events/{id}\""));
+    let first = get("/admin/console/events?status=sent".into()).await;
+    assert!(newer.iter().all(|n| linked(&first, *n)));
+    assert!(!linked(&first, id), "the oldest is on the next page");
+    let next = {
+        let at = first.find("id=\"next\" href=\"").expect("a next page link")
+            + "id=\"next\" href=\"".len();
+        first[at..at + first[at..].find('"').unwrap()].replace("&amp;", "&")
+    };
+    assert_eq!(
+        next,
+        format!("/admin/console/events?status=sent&before={}", newer[0])
+    );
+    let second = get(next).await;
+    assert!(linked(&second, id));
+    assert!(!second.contains("id=\"next\""), "the last page");
+
     // Signed out, the cookie opens nothing.
     let r = http
         .post(url("/admin/console/signout"))
