@@ -388,7 +388,9 @@ async fn event(
                 .resent
                 .is_some()
                 .then(|| format!("Event {id} set to pending: the sidecar sends it again."));
-            // The attempt log is not recorded yet: an empty timeline.
+            // The attempt timeline: the attempt log (a side table, being
+            // built) is to be read here into `AttemptView`s. Until then the
+            // page says "attempt history not recorded".
             let attempts: Vec<AttemptView> = Vec::new();
             html(
                 StatusCode::OK,

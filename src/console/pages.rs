@@ -210,8 +210,9 @@ pub fn overview(session: &Session, v: &OverviewView) -> Markup {
                 }
             }
             h2 { "Dispatchers" }
-            // Pause/resume and the circuit breaker's state go in the last
-            // column once the sidecar tracks them.
+            // Dispatcher pause/resume and the circuit breaker (being built):
+            // their state goes in `DispatcherView::state` (the last column)
+            // and their buttons here, or on a dispatchers page.
             table #dispatchers {
                 tr { th { "dispatcher" } th { "events" } th { "state" } }
                 @for d in &v.dispatchers {
@@ -430,4 +431,83 @@ pub fn bulk(
             }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(status: Status, last_error: Option<&str>) -> OutboxEventRow {
+        let t = chrono::DateTime::from_timestamp(1_764_554_400, 0)
+            .unwrap()
+            .naive_utc();
+        OutboxEventRow {
+            id: 7,
+            event_name: "accounts.purchase_create".into(),
+            payload: serde_json::json!({"note": "<b>x</b>"}),
+            status,
+            attempts: 3,
+            last_error: last_error.map(str::to_owned),
+            sent_at: None,
+            created_at: t,
+            updated_at: t,
+        }
+    }
+
+    fn session() -> Session {
+        Session {
+            csrf: "c5rf".into(),
+        }
+    }
+
+    #[test]
+    fn row_text_is_escaped() {
+        let html = event(
+            &session(),
+            &row(Status::Failed, Some("<script>alert(1)</script>")),
+            &[],
+            None,
+        )
+        .into_string();
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(html.contains("&lt;b&gt;x&lt;/b&gt;"));
+    }
+
+    #[test]
+    fn only_a_failed_event_has_a_resend_form_and_it_carries_the_csrf_token() {
+        let failed = event(
+            &session(),
+            &row(Status::Failed, Some("HTTP 503")),
+            &[],
+            None,
+        )
+        .into_string();
+        assert!(failed.contains(r#"action="/admin/console/events/7/resend""#));
+        assert!(failed.contains(r#"name="csrf" value="c5rf""#));
+        let sent = event(&session(), &row(Status::Sent, None), &[], None).into_string();
+        assert!(!sent.contains("/events/7/resend"));
+    }
+
+    #[test]
+    fn the_timeline_shows_attempts_or_says_none_were_recorded() {
+        let r = row(Status::Failed, Some("HTTP 503"));
+        let none = event(&session(), &r, &[], None).into_string();
+        assert!(none.contains("attempt history not recorded"));
+        let one = AttemptView {
+            attempt: Some(2),
+            at: r.updated_at,
+            duration_ms: Some(41),
+            outcome: "failure".into(),
+            http_status: Some(503),
+            detail: Some("HTTP 503: down".into()),
+            replica: Some("app-7d9f-x2".into()),
+            via: Some("accounts".into()),
+        };
+        let html = event(&session(), &r, &[one], None).into_string();
+        assert!(!html.contains("attempt history not recorded"));
+        for text in ["503", "41 ms", "app-7d9f-x2", "accounts", "failure"] {
+            assert!(html.contains(text), "{text}");
+        }
+    }
 }
