@@ -4,6 +4,7 @@
 //! missing driver fails the test: CI installs it (`.ci/run`, `make test`).
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -19,7 +20,24 @@ fn driver_path() -> String {
 /// A running chromedriver and a browser session on it.
 pub struct Browser {
     pub client: Client,
-    driver: Child,
+    driver: Driver,
+}
+
+/// chromedriver in a process group of its own, with the browser it starts:
+/// killed as a group when dropped, so a test that fails (its session never
+/// closed) leaves no driver and no browser behind.
+struct Driver(Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 impl Browser {
@@ -29,13 +47,14 @@ impl Browser {
             l.local_addr().expect("its address").port()
         };
         let path = driver_path();
-        let driver = match Command::new(&path)
+        let mut driver = match Command::new(&path)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
         {
-            Ok(child) => child,
+            Ok(child) => Driver(child),
             Err(e) => panic!(
                 "cannot start {path:?} ({e}): the console tests need a real browser; install \
                  chromium and chromium-driver (apt-get install -y chromium chromium-driver; \
@@ -51,6 +70,9 @@ impl Browser {
                 "--disable-gpu",
                 "--disable-dev-shm-usage",
                 "--window-size=1280,900",
+                // No crash handler: it would outlive the browser.
+                "--disable-crash-reporter",
+                "--disable-breakpad",
             ]
         });
         if std::path::Path::new("/usr/bin/chromium").exists() {
@@ -60,7 +82,6 @@ impl Browser {
         caps.insert("goog:chromeOptions".to_owned(), browser_opts);
         let url = format!("http://127.0.0.1:{port}");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        let mut driver = driver;
         let client = loop {
             let attempt = ClientBuilder::new(HttpConnector::new())
                 .capabilities(caps.clone())
@@ -69,11 +90,10 @@ impl Browser {
             match attempt {
                 Ok(c) => break c,
                 Err(e) => {
-                    if let Ok(Some(status)) = driver.try_wait() {
+                    if let Ok(Some(status)) = driver.0.try_wait() {
                         panic!("{path} exited ({status}) before a session started: {e}");
                     }
                     if tokio::time::Instant::now() > deadline {
-                        let _ = driver.kill();
                         panic!("no browser session from {path} on {url} within 30s: {e}");
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -91,7 +111,7 @@ impl Browser {
     }
 
     /// The text of the element `css` selects, waiting for it (a page that
-    /// is still loading) up to 10 s.
+    /// is still loading) up to 20 s.
     pub async fn text(&self, css: &str) -> String {
         let el = self.find(css).await;
         el.text()
@@ -100,7 +120,7 @@ impl Browser {
     }
 
     pub async fn find(&self, css: &str) -> fantoccini::elements::Element {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
             match self.client.find(Locator::Css(css)).await {
                 Ok(el) => return el,
@@ -108,7 +128,7 @@ impl Browser {
                     if tokio::time::Instant::now() > deadline {
                         let url = self.client.current_url().await.map(|u| u.to_string());
                         let page = self.client.source().await.unwrap_or_default();
-                        panic!("no {css} on {url:?} within 10s ({e}); the page:\n{page}");
+                        panic!("no {css} on {url:?} within 20s ({e}); the page:\n{page}");
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -158,16 +178,9 @@ impl Browser {
         }
     }
 
-    pub async fn close(mut self) {
+    /// Ends the session (the browser quits), then the driver.
+    pub async fn close(self) {
         let _ = self.client.clone().close().await;
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
-    }
-}
-
-impl Drop for Browser {
-    /// A failed test does not leave the driver (and its browser) running.
-    fn drop(&mut self) {
-        let _ = self.driver.kill();
+        drop(self.driver);
     }
 }
