@@ -4,7 +4,7 @@ CARGO ?= cargo
 DBZ_VENV ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/dbz-venv
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: help demo run migrate test test-faults test-debezium dbz-venv lint fmt bench bench-decode bench-pipeline build clean
+.PHONY: help demo run migrate test test-faults test-debezium dbz-venv browser lint fmt bench bench-decode bench-pipeline build clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -28,7 +28,12 @@ lint: ## rustfmt check and clippy with warnings as errors
 fmt: ## Format the code
 	$(CARGO) fmt --all
 
-test: lint ## Lint, then every test (needs PostgreSQL and MariaDB; .ci/run starts them)
+browser: ## chromium and chromedriver for the console's browser tests (apt-get install when missing)
+	@command -v chromedriver >/dev/null 2>&1 || { \
+	  echo "make: installing chromium and chromium-driver (the console's browser tests need them)"; \
+	  apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }
+
+test: lint browser ## Lint, then every test (needs PostgreSQL and MariaDB; .ci/run starts them)
 	$(CARGO) test --locked --workspace --lib --bins --tests
 
 test-faults: ## The long fault runs (OUTBOX_FAULT_SCALE multiplies their counts)

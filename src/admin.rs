@@ -127,6 +127,13 @@ fn bearer_matches(authorization: Option<&str>, token: &Secret) -> bool {
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, credentials)| credentials.trim_start_matches(' '))
         .unwrap_or("");
+    token_matches(presented, token)
+}
+
+/// Whether `presented` is `token`: compared as SHA-256 digests in constant
+/// time (the bearer header here, the console's sign-in form too). An empty
+/// token never matches.
+pub(crate) fn token_matches(presented: &str, token: &Secret) -> bool {
     let presented_digest = Sha256::digest(presented.as_bytes());
     let token_digest = Sha256::digest(token.expose().as_bytes());
     let same: bool = presented_digest[..].ct_eq(&token_digest[..]).into();
@@ -261,6 +268,7 @@ async fn list_events(State(state): State<AdminState>, Query(q): Query<ListQuery>
         event_name: q.event_name.clone(),
         limit: Some(limit),
         before: q.before,
+        ..ListFilter::default()
     };
     match state.store.list(&filter).await {
         Ok(rows) => {
@@ -311,12 +319,6 @@ async fn get_event(State(state): State<AdminState>, Path(id): Path<i64>) -> Resp
     }
 }
 
-async fn refresh_gauges(state: &AdminState) {
-    if let Ok(stats) = state.store.stats().await {
-        state.metrics.set_table_stats(&stats, crate::store::now());
-    }
-}
-
 /// `?label=` on an action: recorded with it (who, why).
 #[derive(Debug, Default, Deserialize)]
 pub struct LabelQuery {
@@ -329,13 +331,8 @@ async fn retry_one(
     Query(q): Query<LabelQuery>,
 ) -> Response {
     let caller = Caller::new(Via::AdminApi, q.label);
-    let result = state.store.retry(id, &caller).await;
-    match result {
-        Ok(Ok(row)) => {
-            tracing::info!(id, "resent by an operator: failed -> pending");
-            refresh_gauges(&state).await;
-            Json(EventView::new(row, false)).into_response()
-        }
+    match crate::operator::resend_one(&state.store, Some(&state.metrics), id, &caller).await {
+        Ok(Ok(row)) => Json(EventView::new(row, false)).into_response(),
         Ok(Err(r @ RetryRefused::NotFound(_))) => error(StatusCode::NOT_FOUND, r.to_string()),
         Ok(Err(r @ RetryRefused::NotFailed { status, .. })) => (
             StatusCode::CONFLICT,
@@ -359,26 +356,15 @@ pub struct RetryAllQuery {
 }
 
 async fn retry_all(State(state): State<AdminState>, Query(q): Query<RetryAllQuery>) -> Response {
-    match parse_status(q.status.as_deref()) {
-        Ok(None) | Ok(Some(Status::Failed)) => {}
-        Ok(Some(other)) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("status: only failed events can be resent, not {other}"),
-            )
-        }
-        Err(r) => return *r,
+    if let Err(e) = crate::operator::check_resend_status(q.status.as_deref()) {
+        return error(StatusCode::BAD_REQUEST, e);
     }
     let filter = match q.filters.to_filter(&state.dispatchers) {
         Ok(f) => f,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
     if matches!(q.dry_run.as_deref(), Some("true" | "1")) {
-        return match state
-            .store
-            .preview_failed(&filter, crate::operator::SAMPLE)
-            .await
-        {
+        return match crate::operator::preview_resend(&state.store, &filter).await {
             Ok((n, sample)) => Json(json!({
                 "would_resend": n,
                 "sample": sample.into_iter().map(|r| EventView::new(r, false)).collect::<Vec<_>>(),
@@ -388,12 +374,9 @@ async fn retry_all(State(state): State<AdminState>, Query(q): Query<RetryAllQuer
         };
     }
     let caller = Caller::new(Via::AdminApi, q.label.clone());
-    match state.store.retry_failed(&filter, &caller).await {
-        Ok(n) => {
-            tracing::info!(count = n, filters = ?q.filters, "failed events resent by an operator");
-            refresh_gauges(&state).await;
-            Json(json!({ "resent": n })).into_response()
-        }
+    match crate::operator::resend_failed(&state.store, Some(&state.metrics), &filter, &caller).await
+    {
+        Ok(n) => Json(json!({ "resent": n })).into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }

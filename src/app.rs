@@ -120,9 +120,14 @@ impl App {
             limits,
             server_shutdown.clone(),
         );
+        let console = crate::console::ConsoleState::new(
+            admin_state.clone(),
+            settings.admin.console_session_ttl,
+            settings.admin.console_secure_cookie,
+        );
         let api_server = serve(
             api_listener,
-            admin::api_router(admin_state),
+            admin::api_router(admin_state).merge(crate::console::router(console)),
             "admin.api_listen",
             limits,
             server_shutdown.clone(),

@@ -213,6 +213,7 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
                 event_name,
                 limit: Some(limit),
                 before,
+                ..ListFilter::default()
             };
             match store.list(&filter).await {
                 Ok(rows) => {
@@ -253,8 +254,7 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
                     return EXIT_USAGE;
                 }
             };
-            let (count, sample) = match store.preview_failed(&filter, crate::operator::SAMPLE).await
-            {
+            let (count, sample) = match crate::operator::preview_resend(&store, &filter).await {
                 Ok(preview) => preview,
                 Err(e) => return fail(&e),
             };
@@ -271,7 +271,7 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
                 return EXIT_FAILED;
             }
             let caller = Caller::new(Via::Cli, label);
-            match store.retry_failed(&filter, &caller).await {
+            match crate::operator::resend_failed(&store, None, &filter, &caller).await {
                 Ok(n) => {
                     println!("resent {n} failed event(s)");
                     EXIT_OK
@@ -342,7 +342,7 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
             let caller = Caller::new(Via::Cli, label);
             let mut code = EXIT_OK;
             for id in ids {
-                match store.retry(id, &caller).await {
+                match crate::operator::resend_one(&store, None, id, &caller).await {
                     Ok(Ok(row)) => println!(
                         "event {}: failed -> pending (attempts {})",
                         row.id, row.attempts

@@ -19,7 +19,8 @@
 //!    waits `retry_delay`, re-reads the row and tries again.
 //! 4. When a job ends, [`consumer::offsets`] lets its message be committed.
 //!
-//! Around it: [`admin`] (metrics, health, resend API), [`metrics`],
+//! Around it: [`admin`] (metrics, health, resend API), [`console`] (the
+//! operators' web pages on the admin API's listener), [`metrics`],
 //! [`config`], [`cli`], [`app`] (wiring and shutdown), [`demo`].
 
 #![forbid(unsafe_code)]
@@ -29,6 +30,7 @@ pub mod app;
 pub mod cdc;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod consumer;
 pub mod demo;
 pub mod dispatch;

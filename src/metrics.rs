@@ -310,6 +310,23 @@ impl Metrics {
         self.oldest_pending_age.set(age);
     }
 
+    /// `outbox_consumer_lag` as (partition, lag), by partition number.
+    pub fn consumer_lags(&self) -> Vec<(String, i64)> {
+        use prometheus::core::Collector;
+        let mut out: Vec<(String, i64)> = self
+            .consumer_lag
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .filter_map(|m| {
+                let partition = m.get_label().first()?.value().to_owned();
+                Some((partition, m.get_gauge().get_value() as i64))
+            })
+            .collect();
+        out.sort_by_key(|(p, _)| p.parse::<i64>().unwrap_or(i64::MAX));
+        out
+    }
+
     /// The text exposition format.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();

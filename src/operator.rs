@@ -1,16 +1,18 @@
 //! What an operator asks of the table during and after an outage, in one
-//! place for the CLI and the admin API: which failed rows a bulk resend
-//! takes (by event name, dispatcher, error text, failure time), and which
-//! pending rows to announce again (`retrigger`), and pausing or resuming a
-//! dispatcher. The console calls the same functions.
+//! place for the CLI, the admin API and the web console: which failed rows
+//! a bulk resend takes (by event name, dispatcher, error text, failure
+//! time), the resends themselves, which pending rows to announce again
+//! (`retrigger`), and pausing or resuming a dispatcher.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::NaiveDateTime;
+use entity::{OutboxEventRow, Status};
 
+use crate::metrics::Metrics;
 use crate::store::history::Caller;
-use crate::store::{FailedFilter, RetriggerFilter, Store, StoreError};
+use crate::store::{FailedFilter, RetriggerFilter, RetryRefused, Store, StoreError};
 
 /// A bulk resend above this many rows must be confirmed (`--yes`).
 pub const CONFIRM_ABOVE: u64 = 1_000;
@@ -211,6 +213,67 @@ pub fn parse_time(s: &str) -> Result<NaiveDateTime, String> {
     ))
 }
 
+/// The `status` a bulk resend may name: none, or `failed`.
+pub fn check_resend_status(status: Option<&str>) -> Result<(), String> {
+    match status.map(str::parse::<Status>).transpose() {
+        Ok(None) | Ok(Some(Status::Failed)) => Ok(()),
+        Ok(Some(other)) => Err(format!(
+            "status: only failed events can be resent, not {other}"
+        )),
+        Err(e) => Err(format!("status: {e}")),
+    }
+}
+
+/// Resends one failed event (failed -> pending, attempts 0), R-004's
+/// "Reenviar": the API's `POST /admin/events/{id}/retry`, the console's
+/// resend button and `events retry ID`. With `metrics`, the table gauges
+/// are read again so the resend shows at once.
+pub async fn resend_one(
+    store: &Store,
+    metrics: Option<&Metrics>,
+    id: i64,
+    caller: &Caller,
+) -> Result<Result<OutboxEventRow, RetryRefused>, StoreError> {
+    let result = store.retry(id, caller).await?;
+    if result.is_ok() {
+        tracing::info!(id, via = caller.via.as_str(), label = ?caller.label, "resent by an operator: failed -> pending");
+        if let Some(metrics) = metrics {
+            refresh_gauges(store, metrics).await;
+        }
+    }
+    Ok(result)
+}
+
+/// What a bulk resend would take: how many rows, and the newest [`SAMPLE`].
+pub async fn preview_resend(
+    store: &Store,
+    filter: &FailedFilter,
+) -> Result<(u64, Vec<OutboxEventRow>), StoreError> {
+    store.preview_failed(filter, SAMPLE).await
+}
+
+/// Resends every failed event `filter` selects; how many went back to
+/// pending.
+pub async fn resend_failed(
+    store: &Store,
+    metrics: Option<&Metrics>,
+    filter: &FailedFilter,
+    caller: &Caller,
+) -> Result<u64, StoreError> {
+    let n = store.retry_failed(filter, caller).await?;
+    tracing::info!(count = n, filter = ?filter, via = caller.via.as_str(), label = ?caller.label, "failed events resent by an operator");
+    if let Some(metrics) = metrics {
+        refresh_gauges(store, metrics).await;
+    }
+    Ok(n)
+}
+
+async fn refresh_gauges(store: &Store, metrics: &Metrics) {
+    if let Ok(stats) = store.stats().await {
+        metrics.set_table_stats(&stats, crate::store::now());
+    }
+}
+
 /// The rows `events retrigger` touches: ids, or pending rows unchanged for
 /// longer than a duration (`10m`, `2h`), optionally of one event name.
 pub fn retrigger_filter(
@@ -283,6 +346,19 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.to_filter(&d).unwrap_err().starts_with("failed_since:"));
+    }
+
+    #[test]
+    fn only_failed_events_are_resent() {
+        assert!(check_resend_status(None).is_ok());
+        assert!(check_resend_status(Some("failed")).is_ok());
+        assert_eq!(
+            check_resend_status(Some("sent")).unwrap_err(),
+            "status: only failed events can be resent, not sent"
+        );
+        assert!(check_resend_status(Some("lost"))
+            .unwrap_err()
+            .starts_with("status: "));
     }
 
     #[test]

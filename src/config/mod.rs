@@ -377,6 +377,14 @@ pub struct AdminSettings {
     /// accepted.
     #[serde(default = "default_admin_max_connections")]
     pub max_connections: usize,
+    /// The web console (`/admin/console/`): how long a sign-in lasts.
+    #[serde(default = "default_console_session_ttl", with = "duration")]
+    pub console_session_ttl: Duration,
+    /// The console's session cookie carries `Secure`: set it when the
+    /// console is reached over HTTPS (an ingress that terminates TLS); the
+    /// listener itself speaks plain HTTP (reached with a port-forward).
+    #[serde(default)]
+    pub console_secure_cookie: bool,
 }
 
 impl Default for AdminSettings {
@@ -389,6 +397,8 @@ impl Default for AdminSettings {
             header_read_timeout: default_header_read_timeout(),
             request_timeout: default_request_timeout(),
             max_connections: default_admin_max_connections(),
+            console_session_ttl: default_console_session_ttl(),
+            console_secure_cookie: false,
         }
     }
 }
@@ -487,6 +497,9 @@ fn default_request_timeout() -> Duration {
 }
 fn default_admin_max_connections() -> usize {
     256
+}
+fn default_console_session_ttl() -> Duration {
+    Duration::from_secs(8 * 3600)
 }
 fn default_refresh_interval() -> Duration {
     Duration::from_secs(15)
@@ -747,6 +760,12 @@ impl Settings {
         if self.admin.request_timeout.is_zero() {
             return Err(ConfigError::key(
                 "admin.request_timeout",
+                "must be above zero",
+            ));
+        }
+        if self.admin.console_session_ttl.is_zero() {
+            return Err(ConfigError::key(
+                "admin.console_session_ttl",
                 "must be above zero",
             ));
         }

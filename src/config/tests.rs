@@ -522,6 +522,38 @@ fn listener_limits_default_and_refuse_zero_naming_the_key() {
 }
 
 #[test]
+fn console_session_settings_default_and_refuse_zero_naming_the_key() {
+    let with = |admin: &str, env_pairs: &[(&str, &str)]| {
+        Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[admin]\n{admin}\n"
+            )),
+            env(env_pairs),
+        )
+    };
+    let s = with("", &[]).unwrap();
+    assert_eq!(s.admin.console_session_ttl, Duration::from_secs(8 * 3600));
+    assert!(!s.admin.console_secure_cookie);
+    let s = with(
+        "console_session_ttl = \"30m\"",
+        &[("OUTBOX__ADMIN__CONSOLE_SECURE_COOKIE", "true")],
+    )
+    .unwrap();
+    assert_eq!(s.admin.console_session_ttl, Duration::from_secs(1800));
+    assert!(s.admin.console_secure_cookie);
+    assert_eq!(
+        with("console_session_ttl = \"0s\"", &[])
+            .unwrap_err()
+            .to_string(),
+        "invalid configuration: admin.console_session_ttl: must be above zero"
+    );
+    let e = with("console_secure_cookie = \"maybe\"", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("admin.console_secure_cookie"), "{e}");
+}
+
+#[test]
 fn dispatcher_tls_settings_are_checked_at_load_naming_the_key() {
     let with = |extra: &str| {
         Settings::from_toml(

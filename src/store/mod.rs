@@ -161,6 +161,13 @@ pub struct ListFilter {
     pub limit: Option<u64>,
     /// The cursor: only rows with a smaller id (the next page, newest first).
     pub before: Option<i64>,
+    /// `last_error` contains this text (the console's filter).
+    pub error_contains: Option<String>,
+    /// Last changed (`updated_at`) at or after, UTC: for a failed row, when
+    /// it failed.
+    pub changed_since: Option<NaiveDateTime>,
+    /// Last changed before, UTC.
+    pub changed_until: Option<NaiveDateTime>,
 }
 
 /// What the gauges show: row counts by status and the oldest pending row.
@@ -510,6 +517,14 @@ impl Store {
         }
         if let Some(before) = filter.before {
             stmt.and_where(Expr::col(Column::Id).lt(before));
+        }
+        for cond in self.failed_conditions(&FailedFilter {
+            event_names: None,
+            error_contains: filter.error_contains.clone().filter(|t| !t.is_empty()),
+            failed_since: filter.changed_since,
+            failed_until: filter.changed_until,
+        }) {
+            stmt.and_where(cond);
         }
         // Newest first: what an operator looks for after an outage.
         stmt.order_by(Column::Id, Order::Desc);

@@ -3,6 +3,7 @@
 //! `OUTBOX_TEST_KAFKA_BROKERS`) and real HTTP receivers.
 
 mod cli;
+mod console;
 mod consumer;
 mod db;
 mod debezium;

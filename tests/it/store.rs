@@ -272,6 +272,7 @@ async fn list_and_bulk_resend(backend: Backend) {
         event_name: name.map(str::to_owned),
         limit: None,
         before: None,
+        ..Default::default()
     };
     let failed = store
         .list(&filter(Some(Status::Failed), None))
@@ -303,6 +304,44 @@ async fn list_and_bulk_resend(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(paid.len(), 1);
+    // The console's filters: error text, last change since / until.
+    let ids = |rows: Vec<entity::OutboxEventRow>| rows.iter().map(|r| r.id).collect::<Vec<_>>();
+    let failed_where = |f: outbox_sidecar::store::ListFilter| outbox_sidecar::store::ListFilter {
+        status: Some(Status::Failed),
+        ..f
+    };
+    let by_error = store
+        .list(&failed_where(outbox_sidecar::store::ListFilter {
+            error_contains: c.last_error.clone(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    assert!(ids(by_error).contains(&c.id));
+    let no_such_error = store
+        .list(&failed_where(outbox_sidecar::store::ListFilter {
+            error_contains: Some("no such error text".into()),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    assert!(no_such_error.is_empty());
+    let since = store
+        .list(&failed_where(outbox_sidecar::store::ListFilter {
+            changed_since: Some(c.updated_at),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    assert!(ids(since).contains(&c.id));
+    let until = store
+        .list(&failed_where(outbox_sidecar::store::ListFilter {
+            changed_until: Some(c.updated_at),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    assert!(!ids(until).contains(&c.id));
     let stats = store.stats().await.unwrap();
     assert_eq!((stats.pending, stats.sent, stats.failed), (1, 0, 3));
     assert!(stats.oldest_pending_created_at.is_some());

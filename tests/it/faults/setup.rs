@@ -125,6 +125,7 @@ pub async fn settle_rows(t: &TestApp, limit: Duration) {
         event_name: None,
         limit: Some(10),
         before: None,
+        ..Default::default()
     };
     let pending = t.store.list(&filter).await.unwrap_or_default();
     let published = t.feed.published.lock().unwrap().clone();

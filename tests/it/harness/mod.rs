@@ -3,6 +3,7 @@
 //! a Debezium stand-in publishing every write, a real HTTP receiver, and the
 //! sidecar running in-process.
 
+pub mod browser;
 pub mod child;
 pub mod feed;
 pub mod kafka;

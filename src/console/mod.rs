@@ -1,0 +1,612 @@
+//! The web console: server-rendered pages for operators, on the admin API's
+//! listener (`admin.api_listen`) under `/admin/console/` (`/admin/`
+//! redirects there). It shows what the ActiveAdmin page cannot (counts,
+//! the consumer's lag and pause, the dispatchers, a filtered resend with
+//! its dry run) and acts through the same code as the admin API and the
+//! CLI ([`crate::operator`]).
+//!
+//! Its own paths rather than content negotiation on `/admin/events…`: the
+//! JSON API answers bearer tokens, the console a session cookie; one URL
+//! answering both would let a cookie (which the browser sends by itself)
+//! reach the API's routes, and an API client's behaviour would depend on
+//! its `Accept` header.
+//!
+//! Sign-in takes `admin.token` (compared as the API compares it) and
+//! starts a server-side session ([`session`]); every page and action needs
+//! one, and every POST carries the session's CSRF token, checked here
+//! before any handler runs. No JavaScript: forms and links only.
+
+mod pages;
+pub mod session;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Form, Router};
+use entity::Status;
+use serde::Deserialize;
+
+use crate::admin::{AdminState, MAX_BODY_BYTES};
+use crate::operator::{self, ResendFilters};
+use crate::store::history::{Caller, Via};
+use crate::store::{ListFilter, RetryRefused};
+pub use pages::{AttemptView, DispatcherView};
+use session::{Session, Sessions};
+
+/// Rows on one page of the events list.
+const PAGE: u64 = 50;
+
+#[derive(Clone)]
+pub struct ConsoleState {
+    admin: AdminState,
+    sessions: Arc<Sessions>,
+    secure_cookie: bool,
+}
+
+impl ConsoleState {
+    /// `session_ttl`: `admin.console_session_ttl`; `secure_cookie`:
+    /// `admin.console_secure_cookie`.
+    pub fn new(admin: AdminState, session_ttl: std::time::Duration, secure_cookie: bool) -> Self {
+        Self {
+            admin,
+            sessions: Arc::new(Sessions::new(session_ttl)),
+            secure_cookie,
+        }
+    }
+}
+
+/// The console's routes, to be merged into the admin API's router.
+pub fn router(state: ConsoleState) -> Router {
+    let signed_in = Router::new()
+        .route("/admin/console/", get(overview))
+        .route("/admin/console/events", get(events))
+        .route("/admin/console/events/{id}", get(event))
+        .route("/admin/console/events/{id}/resend", post(resend_event))
+        .route("/admin/console/resend", get(bulk_form).post(bulk_resend))
+        .route("/admin/console/signout", post(sign_out))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_session,
+        ));
+    Router::new()
+        .route("/admin/", get(|| async { Redirect::to("/admin/console/") }))
+        .route(
+            "/admin/console",
+            get(|| async { Redirect::to("/admin/console/") }),
+        )
+        .route("/admin/console/signin", get(sign_in_page).post(sign_in))
+        .merge(signed_in)
+        .layer(middleware::from_fn(page_headers))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(
+            MAX_BODY_BYTES,
+        ))
+        .with_state(state)
+}
+
+fn html(status: StatusCode, markup: maud::Markup) -> Response {
+    (status, Html(markup.into_string())).into_response()
+}
+
+/// No caching, no framing, no scripts, no referrer: the pages show event
+/// payloads and carry CSRF tokens.
+async fn page_headers(req: Request, next: Next) -> Response {
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; \
+             frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+fn disabled() -> Response {
+    html(
+        StatusCode::FORBIDDEN,
+        pages::message_page(
+            "Console disabled",
+            None,
+            "The console is disabled: set admin.token (OUTBOX__ADMIN__TOKEN) to enable it.",
+        ),
+    )
+}
+
+fn session_id(req_headers: &axum::http::HeaderMap) -> Option<&str> {
+    req_headers
+        .get(header::COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(session::cookie_value)
+}
+
+/// Every signed-in route: a live session, and on a POST its CSRF token in
+/// the form (read here, before the handler, so no action can forget it).
+/// Without a session: to the sign-in page (303), nothing done.
+async fn require_session(State(state): State<ConsoleState>, req: Request, next: Next) -> Response {
+    if state.admin.token.is_none() {
+        return disabled();
+    }
+    let Some(session) = session_id(req.headers()).and_then(|id| state.sessions.get(id)) else {
+        return Redirect::to("/admin/console/signin").into_response();
+    };
+    let mut req = req;
+    if req.method() == Method::POST {
+        let (parts, body) = req.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
+            return html(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                pages::message_page("Refused", Some(&session), "The form is too large."),
+            );
+        };
+        let csrf = url::form_urlencoded::parse(&bytes)
+            .find(|(k, _)| k == "csrf")
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        if !session.csrf_matches(&csrf) {
+            tracing::warn!(path = %parts.uri.path(), "console: a POST without the session's CSRF token was refused");
+            return html(
+                StatusCode::FORBIDDEN,
+                pages::message_page(
+                    "Refused",
+                    Some(&session),
+                    "The form's CSRF token is missing or wrong: nothing was changed. \
+                     Reload the page and try again.",
+                ),
+            );
+        }
+        req = Request::from_parts(parts, Body::from(bytes));
+    }
+    req.extensions_mut().insert(session);
+    next.run(req).await
+}
+
+async fn sign_in_page(State(state): State<ConsoleState>) -> Response {
+    if state.admin.token.is_none() {
+        return disabled();
+    }
+    html(StatusCode::OK, pages::sign_in(None))
+}
+
+#[derive(Deserialize)]
+struct SignIn {
+    #[serde(default)]
+    token: String,
+}
+
+async fn sign_in(State(state): State<ConsoleState>, Form(form): Form<SignIn>) -> Response {
+    let Some(token) = &state.admin.token else {
+        return disabled();
+    };
+    if !crate::admin::token_matches(form.token.trim(), token) {
+        tracing::warn!("console: a sign-in with a wrong token was refused");
+        return html(
+            StatusCode::UNAUTHORIZED,
+            pages::sign_in(Some("Sign-in failed.")),
+        );
+    }
+    let (id, _) = match state.sessions.create() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "console: no random bytes for a session id");
+            return html(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                pages::sign_in(Some("The sidecar could not start a session.")),
+            );
+        }
+    };
+    tracing::info!("console: an operator signed in");
+    let cookie = session::set_cookie(&id, state.sessions.ttl(), state.secure_cookie);
+    (
+        [(header::SET_COOKIE, cookie)],
+        Redirect::to("/admin/console/"),
+    )
+        .into_response()
+}
+
+async fn sign_out(State(state): State<ConsoleState>, req: Request) -> Response {
+    if let Some(id) = session_id(req.headers()) {
+        state.sessions.remove(id);
+    }
+    (
+        [(
+            header::SET_COOKIE,
+            session::clear_cookie(state.secure_cookie),
+        )],
+        html(StatusCode::OK, pages::sign_in(Some("Signed out."))),
+    )
+        .into_response()
+}
+
+async fn overview(State(state): State<ConsoleState>, Extension(s): Extension<Session>) -> Response {
+    let admin = &state.admin;
+    let stats = admin.store.stats().await.map_err(|e| e.to_string());
+    let now = crate::store::now();
+    let view = pages::OverviewView {
+        oldest_pending_age: stats
+            .as_ref()
+            .ok()
+            .and_then(|s| s.oldest_pending_created_at)
+            .map(|t| (now - t).to_std().unwrap_or_default()),
+        stats,
+        joined: admin
+            .health
+            .joined
+            .load(std::sync::atomic::Ordering::Relaxed),
+        draining: admin
+            .health
+            .draining
+            .load(std::sync::atomic::Ordering::Relaxed),
+        fetching_paused: admin.metrics.consumer_paused.get() == 1,
+        lags: admin.metrics.consumer_lags(),
+        inflight: admin.metrics.inflight_events.get(),
+        dispatchers: admin
+            .dispatchers
+            .iter()
+            .map(|(name, events)| DispatcherView {
+                name: name.clone(),
+                events: events.clone(),
+                state: None,
+            })
+            .collect(),
+    };
+    html(StatusCode::OK, pages::overview(&s, &view))
+}
+
+fn non_empty(v: &Option<String>) -> Option<String> {
+    v.as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}
+
+/// The filters of the events list, as the form sends them (empty fields
+/// are no filter).
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct EventsQuery {
+    status: Option<String>,
+    event_name: Option<String>,
+    error_contains: Option<String>,
+    failed_since: Option<String>,
+    failed_until: Option<String>,
+    before: Option<String>,
+}
+
+impl EventsQuery {
+    /// The store's filter; failed events when no status is given, every
+    /// status for `all`. The error names the field that is wrong.
+    fn to_filter(&self) -> Result<ListFilter, String> {
+        let status = match non_empty(&self.status).as_deref() {
+            None => Some(Status::Failed),
+            Some("all") => None,
+            Some(s) => Some(s.parse::<Status>().map_err(|e| format!("status: {e}"))?),
+        };
+        let time = |v: &Option<String>, name: &str| {
+            non_empty(v)
+                .map(|t| operator::parse_time(&t).map_err(|e| format!("{name}: {e}")))
+                .transpose()
+        };
+        Ok(ListFilter {
+            status,
+            event_name: non_empty(&self.event_name),
+            limit: Some(PAGE),
+            before: non_empty(&self.before)
+                .map(|b| {
+                    b.parse::<i64>()
+                        .map_err(|_| format!("before: {b:?} is not an event id"))
+                })
+                .transpose()?,
+            error_contains: non_empty(&self.error_contains),
+            changed_since: time(&self.failed_since, "failed_since")?,
+            changed_until: time(&self.failed_until, "failed_until")?,
+        })
+    }
+
+    /// The query string of these filters with another cursor.
+    fn with_before(&self, before: Option<i64>) -> String {
+        let mut q = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in [
+            ("status", &self.status),
+            ("event_name", &self.event_name),
+            ("error_contains", &self.error_contains),
+            ("failed_since", &self.failed_since),
+            ("failed_until", &self.failed_until),
+        ] {
+            if let Some(v) = non_empty(v) {
+                q.append_pair(k, &v);
+            }
+        }
+        if let Some(b) = before {
+            q.append_pair("before", &b.to_string());
+        }
+        q.finish()
+    }
+}
+
+async fn events(
+    State(state): State<ConsoleState>,
+    Extension(s): Extension<Session>,
+    Query(q): Query<EventsQuery>,
+) -> Response {
+    let filter = match q.to_filter() {
+        Ok(f) => f,
+        Err(e) => {
+            return html(
+                StatusCode::BAD_REQUEST,
+                pages::events(&s, &q, &[], None, Some(&e)),
+            )
+        }
+    };
+    match state.admin.store.list(&filter).await {
+        Ok(rows) => {
+            let next = rows
+                .last()
+                .filter(|_| rows.len() as u64 == PAGE)
+                .map(|last| q.with_before(Some(last.id)));
+            html(
+                StatusCode::OK,
+                pages::events(&s, &q, &rows, next.as_deref(), None),
+            )
+        }
+        Err(e) => html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            pages::events(&s, &q, &[], None, Some(&e.to_string())),
+        ),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct EventQuery {
+    /// Set after a resend from this page: its result.
+    resent: Option<String>,
+}
+
+async fn event(
+    State(state): State<ConsoleState>,
+    Extension(s): Extension<Session>,
+    Path(id): Path<i64>,
+    Query(q): Query<EventQuery>,
+) -> Response {
+    match state.admin.store.get(id).await {
+        Ok(Some(row)) => {
+            let notice = q
+                .resent
+                .is_some()
+                .then(|| format!("Event {id} set to pending: the sidecar sends it again."));
+            // The attempt timeline: the attempt log (a side table, being
+            // built) is to be read here into `AttemptView`s. Until then the
+            // page says "attempt history not recorded".
+            let attempts: Vec<AttemptView> = Vec::new();
+            html(
+                StatusCode::OK,
+                pages::event(&s, &row, &attempts, notice.as_deref()),
+            )
+        }
+        Ok(None) => html(
+            StatusCode::NOT_FOUND,
+            pages::message_page("Not found", Some(&s), &format!("Event {id} not found.")),
+        ),
+        Err(e) => html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            pages::message_page("Database error", Some(&s), &e.to_string()),
+        ),
+    }
+}
+
+/// The event page's resend button: the API's `POST /admin/events/{id}/retry`.
+async fn resend_event(
+    State(state): State<ConsoleState>,
+    Extension(s): Extension<Session>,
+    Path(id): Path<i64>,
+) -> Response {
+    let admin = &state.admin;
+    match operator::resend_one(
+        &admin.store,
+        Some(&admin.metrics),
+        id,
+        &Caller::new(Via::Console, None),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Redirect::to(&format!("/admin/console/events/{id}?resent=1")).into_response(),
+        Ok(Err(r @ RetryRefused::NotFound(_))) => html(
+            StatusCode::NOT_FOUND,
+            pages::message_page("Not resent", Some(&s), &r.to_string()),
+        ),
+        Ok(Err(r @ RetryRefused::NotFailed { .. })) => html(
+            StatusCode::CONFLICT,
+            pages::message_page("Not resent", Some(&s), &r.to_string()),
+        ),
+        Err(e) => html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            pages::message_page("Database error", Some(&s), &e.to_string()),
+        ),
+    }
+}
+
+/// The bulk resend form's fields; `preview` asks for the dry run.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct BulkQuery {
+    #[serde(flatten)]
+    filters: ResendFilters,
+    preview: Option<String>,
+}
+
+/// Empty form fields are no filter.
+fn cleaned(f: &ResendFilters) -> ResendFilters {
+    ResendFilters {
+        event_name: non_empty(&f.event_name),
+        dispatcher: non_empty(&f.dispatcher),
+        error_contains: non_empty(&f.error_contains),
+        failed_since: non_empty(&f.failed_since),
+        failed_until: non_empty(&f.failed_until),
+    }
+}
+
+/// The bulk resend form; with `preview`, the dry run (count and sample)
+/// and the form that confirms it.
+async fn bulk_form(
+    State(state): State<ConsoleState>,
+    Extension(s): Extension<Session>,
+    Query(q): Query<BulkQuery>,
+) -> Response {
+    let admin = &state.admin;
+    let filters = cleaned(&q.filters);
+    let names: Vec<&str> = admin.dispatchers.keys().map(String::as_str).collect();
+    if q.preview.is_none() {
+        return html(
+            StatusCode::OK,
+            pages::bulk(&s, &filters, &names, pages::BulkStage::Form),
+        );
+    }
+    let filter = match filters.to_filter(&admin.dispatchers) {
+        Ok(f) => f,
+        Err(e) => {
+            return html(
+                StatusCode::BAD_REQUEST,
+                pages::bulk(&s, &filters, &names, pages::BulkStage::Error(&e)),
+            )
+        }
+    };
+    match operator::preview_resend(&admin.store, &filter).await {
+        Ok((count, sample)) => html(
+            StatusCode::OK,
+            pages::bulk(
+                &s,
+                &filters,
+                &names,
+                pages::BulkStage::Preview {
+                    count,
+                    sample: &sample,
+                },
+            ),
+        ),
+        Err(e) => html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            pages::bulk(
+                &s,
+                &filters,
+                &names,
+                pages::BulkStage::Error(&e.to_string()),
+            ),
+        ),
+    }
+}
+
+/// The confirmed bulk resend: the API's `POST /admin/events/retry`.
+async fn bulk_resend(
+    State(state): State<ConsoleState>,
+    Extension(s): Extension<Session>,
+    Form(form): Form<ResendFilters>,
+) -> Response {
+    let admin = &state.admin;
+    let filters = cleaned(&form);
+    let names: Vec<&str> = admin.dispatchers.keys().map(String::as_str).collect();
+    let filter = match filters.to_filter(&admin.dispatchers) {
+        Ok(f) => f,
+        Err(e) => {
+            return html(
+                StatusCode::BAD_REQUEST,
+                pages::bulk(&s, &filters, &names, pages::BulkStage::Error(&e)),
+            )
+        }
+    };
+    match operator::resend_failed(
+        &admin.store,
+        Some(&admin.metrics),
+        &filter,
+        &Caller::new(Via::Console, None),
+    )
+    .await
+    {
+        Ok(n) => html(
+            StatusCode::OK,
+            pages::bulk(&s, &filters, &names, pages::BulkStage::Done(n)),
+        ),
+        Err(e) => html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            pages::bulk(
+                &s,
+                &filters,
+                &names,
+                pages::BulkStage::Error(&e.to_string()),
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_events_list_shows_failed_events_unless_told() {
+        let q = EventsQuery::default();
+        assert_eq!(q.to_filter().unwrap().status, Some(Status::Failed));
+        let all = EventsQuery {
+            status: Some("all".into()),
+            ..Default::default()
+        };
+        assert_eq!(all.to_filter().unwrap().status, None);
+        let sent = EventsQuery {
+            status: Some("sent".into()),
+            event_name: Some("  ".into()),
+            ..Default::default()
+        };
+        let f = sent.to_filter().unwrap();
+        assert_eq!(f.status, Some(Status::Sent));
+        assert_eq!(f.event_name, None, "an empty field is no filter");
+    }
+
+    #[test]
+    fn a_wrong_filter_is_named() {
+        let bad = |q: EventsQuery| q.to_filter().unwrap_err();
+        assert!(bad(EventsQuery {
+            status: Some("lost".into()),
+            ..Default::default()
+        })
+        .starts_with("status: "));
+        assert!(bad(EventsQuery {
+            failed_since: Some("noon".into()),
+            ..Default::default()
+        })
+        .starts_with("failed_since: \"noon\" is not a time"));
+        assert_eq!(
+            bad(EventsQuery {
+                before: Some("x".into()),
+                ..Default::default()
+            }),
+            "before: \"x\" is not an event id"
+        );
+    }
+
+    #[test]
+    fn the_next_page_keeps_the_filters() {
+        let q = EventsQuery {
+            event_name: Some("a.b".into()),
+            error_contains: Some("HTTP 503".into()),
+            before: Some("99".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            q.with_before(Some(42)),
+            "event_name=a.b&error_contains=HTTP+503&before=42"
+        );
+    }
+}

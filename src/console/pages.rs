@@ -1,0 +1,513 @@
+//! The console's HTML (maud): one function per page, plain forms and
+//! tables, a little inline CSS, no scripts.
+
+use std::time::Duration;
+
+use chrono::NaiveDateTime;
+use entity::{OutboxEventRow, Status};
+use maud::{html, Markup, PreEscaped, DOCTYPE};
+
+use super::session::Session;
+use super::EventsQuery;
+use crate::operator::ResendFilters;
+use crate::store::TableStats;
+
+const CSS: &str = "
+body{font:15px/1.45 system-ui,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
+header{background:#24292f;color:#fff;padding:.5rem 1.5rem;display:flex;gap:1.5rem;align-items:center}
+header a{color:#fff;text-decoration:none}header .brand{font-weight:600}
+header form{margin-left:auto}
+main{padding:1rem 1.5rem;max-width:80rem}
+h1{font-size:1.4rem;margin:.5rem 0 1rem}h2{font-size:1.1rem;margin:1.5rem 0 .5rem}
+table{border-collapse:collapse;background:#fff;margin-bottom:1rem}
+th,td{border:1px solid #d0d7de;padding:.3rem .6rem;text-align:left;vertical-align:top}
+th{background:#f0f2f4}
+pre{background:#fff;border:1px solid #d0d7de;padding:.6rem;overflow:auto;max-height:30rem;white-space:pre-wrap}
+.notice{background:#dafbe1;border:1px solid #4ac26b;padding:.5rem .8rem;margin-bottom:1rem}
+.error{background:#ffebe9;border:1px solid #ff8182;padding:.5rem .8rem;margin-bottom:1rem}
+.muted{color:#6e7781}
+.status-failed{color:#cf222e;font-weight:600}.status-pending{color:#9a6700}.status-sent{color:#1a7f37}
+form.filters{display:flex;flex-wrap:wrap;gap:.6rem;align-items:end;margin-bottom:1rem}
+form.filters label{display:flex;flex-direction:column;font-size:.85rem}
+input,select,button{font:inherit;padding:.25rem .4rem}
+button{cursor:pointer}button.danger{background:#cf222e;color:#fff;border:1px solid #a40e26}
+.counts td{font-size:1.2rem;text-align:right;min-width:6rem}
+";
+
+/// One attempt of an event, for the event page's timeline. The attempt
+/// log is not recorded yet: the page is given none and says so.
+#[derive(Debug, Clone)]
+pub struct AttemptView {
+    /// 1-based, as the `Outbox-Attempt` header says.
+    pub attempt: Option<i32>,
+    pub at: NaiveDateTime,
+    pub duration_ms: Option<u64>,
+    /// `success`, `failure`, …
+    pub outcome: String,
+    pub http_status: Option<u16>,
+    pub detail: Option<String>,
+    /// The replica (pod) that sent it.
+    pub replica: Option<String>,
+    /// The dispatcher it went through.
+    pub via: Option<String>,
+}
+
+/// A configured dispatcher on the overview. `state` (paused, breaker) is
+/// not tracked yet: `None`.
+#[derive(Debug, Clone)]
+pub struct DispatcherView {
+    pub name: String,
+    pub events: Vec<String>,
+    pub state: Option<String>,
+}
+
+pub struct OverviewView {
+    pub stats: Result<TableStats, String>,
+    pub oldest_pending_age: Option<Duration>,
+    pub joined: bool,
+    pub draining: bool,
+    pub fetching_paused: bool,
+    /// (partition, lag), from the consumer's statistics.
+    pub lags: Vec<(String, i64)>,
+    pub inflight: i64,
+    pub dispatchers: Vec<DispatcherView>,
+}
+
+/// What the bulk resend page shows.
+pub enum BulkStage<'a> {
+    Form,
+    Preview {
+        count: u64,
+        sample: &'a [OutboxEventRow],
+    },
+    Done(u64),
+    Error(&'a str),
+}
+
+fn layout(title: &str, session: Option<&Session>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · outbox-sidecar" }
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                header {
+                    span.brand { "outbox-sidecar" }
+                    @if let Some(s) = session {
+                        a href="/admin/console/" { "Overview" }
+                        a href="/admin/console/events" { "Events" }
+                        a href="/admin/console/resend" { "Bulk resend" }
+                        form method="post" action="/admin/console/signout" {
+                            input type="hidden" name="csrf" value=(s.csrf);
+                            button type="submit" { "Sign out" }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+fn fmt_time(t: &NaiveDateTime) -> String {
+    t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+fn fmt_age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m {}s", s / 60, s % 60),
+        _ => format!("{}h {}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+fn status_cell(status: Status) -> Markup {
+    html! { span class={ "status-" (status.as_str()) } { (status.as_str()) } }
+}
+
+fn shorten(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_owned(),
+    }
+}
+
+pub fn message_page(title: &str, session: Option<&Session>, message: &str) -> Markup {
+    layout(
+        title,
+        session,
+        html! {
+            h1 { (title) }
+            p.error { (message) }
+            @if session.is_some() {
+                p { a href="/admin/console/" { "Back to the overview" } }
+            }
+        },
+    )
+}
+
+pub fn sign_in(message: Option<&str>) -> Markup {
+    layout(
+        "Sign in",
+        None,
+        html! {
+            h1 { "Sign in" }
+            @if let Some(m) = message {
+                p.error #message { (m) }
+            }
+            form method="post" action="/admin/console/signin" {
+                p {
+                    label { "Admin token (admin.token) " br;
+                        input type="password" name="token" autocomplete="current-password" size="50" autofocus;
+                    }
+                }
+                button type="submit" { "Sign in" }
+            }
+        },
+    )
+}
+
+pub fn overview(session: &Session, v: &OverviewView) -> Markup {
+    layout(
+        "Overview",
+        Some(session),
+        html! {
+            h1 { "Overview" }
+            h2 { "Events" }
+            @match &v.stats {
+                Ok(stats) => {
+                    table.counts #counts {
+                        tr { th { "pending" } th { "failed" } th { "sent" } th { "oldest pending" } }
+                        tr {
+                            td #count-pending { a href="/admin/console/events?status=pending" { (stats.pending) } }
+                            td #count-failed { a href="/admin/console/events?status=failed" { (stats.failed) } }
+                            td #count-sent { a href="/admin/console/events?status=sent" { (stats.sent) } }
+                            td #oldest-pending {
+                                @match v.oldest_pending_age { Some(age) => (fmt_age(age)), None => "—" }
+                            }
+                        }
+                    }
+                }
+                Err(e) => { p.error { "The database did not answer: " (e) } }
+            }
+            h2 { "Consumer" }
+            table #consumer {
+                tr { th { "group" } td { @if v.draining { "shutting down" } @else if v.joined { "joined" } @else { "not joined yet" } } }
+                tr { th { "fetching" } td #fetching { @if v.fetching_paused { strong { "paused" } " (events wait for jobs that are not finishing)" } @else { "running" } } }
+                tr { th { "events in flight" } td { (v.inflight) } }
+            }
+            @if v.lags.is_empty() {
+                p.muted { "No partition lag reported yet (librdkafka reports it with its statistics)." }
+            } @else {
+                table #lag {
+                    tr { th { "partition" } th { "lag (messages)" } }
+                    @for (p, lag) in &v.lags { tr { td { (p) } td { (lag) } } }
+                }
+            }
+            h2 { "Dispatchers" }
+            // Dispatcher pause/resume and the circuit breaker (being built):
+            // their state goes in `DispatcherView::state` (the last column)
+            // and their buttons here, or on a dispatchers page.
+            table #dispatchers {
+                tr { th { "dispatcher" } th { "events" } th { "state" } }
+                @for d in &v.dispatchers {
+                    tr {
+                        td { (d.name) }
+                        td { @for (i, e) in d.events.iter().enumerate() { @if i > 0 { ", " } code { (e) } } }
+                        td { @match &d.state { Some(s) => (s), None => span.muted { "pause and breaker state not tracked yet" } } }
+                    }
+                }
+            }
+        },
+    )
+}
+
+pub(crate) fn events(
+    session: &Session,
+    q: &EventsQuery,
+    rows: &[OutboxEventRow],
+    next: Option<&str>,
+    error: Option<&str>,
+) -> Markup {
+    let status = q
+        .status
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .unwrap_or("failed");
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
+    let bulk_query = {
+        let mut s = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in [
+            ("event_name", &q.event_name),
+            ("error_contains", &q.error_contains),
+            ("failed_since", &q.failed_since),
+            ("failed_until", &q.failed_until),
+        ] {
+            if let Some(v) = v.as_deref().filter(|v| !v.trim().is_empty()) {
+                s.append_pair(k, v);
+            }
+        }
+        s.finish()
+    };
+    layout(
+        "Events",
+        Some(session),
+        html! {
+            h1 { "Events" }
+            form.filters method="get" action="/admin/console/events" {
+                label { "status" select name="status" {
+                    @for s in ["failed", "pending", "sent", "all"] {
+                        option value=(s) selected[s == status] { (s) }
+                    }
+                } }
+                label { "event name" input type="text" name="event_name" value=(text(&q.event_name)); }
+                label { "error contains" input type="text" name="error_contains" value=(text(&q.error_contains)); }
+                label { "failed (changed) since, UTC" input type="text" name="failed_since" placeholder="2026-12-01 02:00" value=(text(&q.failed_since)); }
+                label { "until" input type="text" name="failed_until" value=(text(&q.failed_until)); }
+                button type="submit" { "Filter" }
+            }
+            @if let Some(e) = error { p.error #error { (e) } }
+            @if status == "failed" && error.is_none() {
+                p { a href={ "/admin/console/resend?" (bulk_query) } { "Resend the failed events these filters select…" } }
+            }
+            @if rows.is_empty() && error.is_none() {
+                p.muted #empty { "No events." }
+            } @else if !rows.is_empty() {
+                table #events {
+                    tr { th { "id" } th { "event name" } th { "status" } th { "attempts" } th { "last error" } th { "updated" } }
+                    @for r in rows {
+                        tr {
+                            td { a href={ "/admin/console/events/" (r.id) } { (r.id) } }
+                            td { code { (r.event_name) } }
+                            td { (status_cell(r.status)) }
+                            td { (r.attempts) }
+                            td { @if let Some(e) = &r.last_error { (shorten(e, 120)) } }
+                            td { (fmt_time(&r.updated_at)) }
+                        }
+                    }
+                }
+            }
+            @if let Some(n) = next {
+                p { a #next href={ "/admin/console/events?" (n) } { "Older events →" } }
+            }
+        },
+    )
+}
+
+pub fn event(
+    session: &Session,
+    row: &OutboxEventRow,
+    attempts: &[AttemptView],
+    notice: Option<&str>,
+) -> Markup {
+    let payload =
+        serde_json::to_string_pretty(&row.payload).unwrap_or_else(|_| row.payload.to_string());
+    layout(
+        &format!("Event {}", row.id),
+        Some(session),
+        html! {
+            h1 { "Event " (row.id) }
+            @if let Some(n) = notice { p.notice #notice { (n) } }
+            table #event {
+                tr { th { "event name" } td { code { (row.event_name) } } }
+                tr { th { "status" } td #status { (status_cell(row.status)) } }
+                tr { th { "attempts" } td #attempts { (row.attempts) } }
+                tr { th { "created" } td { (fmt_time(&row.created_at)) } }
+                tr { th { "updated" } td { (fmt_time(&row.updated_at)) } }
+                tr { th { "sent" } td { @match &row.sent_at { Some(t) => (fmt_time(t)), None => "—" } } }
+            }
+            @if row.status == Status::Failed {
+                form method="post" action={ "/admin/console/events/" (row.id) "/resend" } {
+                    input type="hidden" name="csrf" value=(session.csrf);
+                    button #resend type="submit" { "Resend (set to pending)" }
+                }
+            }
+            h2 { "Last error" }
+            @match &row.last_error {
+                Some(e) => pre #last-error { (e) },
+                None => p.muted { "none" },
+            }
+            h2 { "Attempts" }
+            @if attempts.is_empty() {
+                p.muted #timeline { "attempt history not recorded" }
+            } @else {
+                table #timeline {
+                    tr { th { "#" } th { "at" } th { "outcome" } th { "HTTP" } th { "duration" } th { "detail" } th { "replica" } th { "via" } }
+                    @for a in attempts {
+                        tr {
+                            td { @if let Some(n) = a.attempt { (n) } }
+                            td { (fmt_time(&a.at)) }
+                            td { (a.outcome) }
+                            td { @if let Some(s) = a.http_status { (s) } }
+                            td { @if let Some(d) = a.duration_ms { (d) " ms" } }
+                            td { @if let Some(d) = &a.detail { (shorten(d, 200)) } }
+                            td { @if let Some(r) = &a.replica { (r) } }
+                            td { @if let Some(v) = &a.via { (v) } }
+                        }
+                    }
+                }
+            }
+            h2 { "Payload" }
+            pre #payload { (payload) }
+        },
+    )
+}
+
+fn filter_fields(f: &ResendFilters, dispatchers: &[&str], hidden: bool) -> Markup {
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
+    let d = f.dispatcher.as_deref().unwrap_or("");
+    if hidden {
+        return html! {
+            @for (k, v) in [("event_name", &f.event_name), ("dispatcher", &f.dispatcher), ("error_contains", &f.error_contains), ("failed_since", &f.failed_since), ("failed_until", &f.failed_until)] {
+                @if let Some(v) = v { input type="hidden" name=(k) value=(v); }
+            }
+        };
+    }
+    html! {
+        label { "event name" input type="text" name="event_name" value=(text(&f.event_name)); }
+        label { "dispatcher" select name="dispatcher" {
+            option value="" selected[d.is_empty()] { "any" }
+            @for name in dispatchers { option value=(name) selected[*name == d] { (name) } }
+        } }
+        label { "error contains" input type="text" name="error_contains" value=(text(&f.error_contains)); }
+        label { "failed since, UTC" input type="text" name="failed_since" placeholder="2026-12-01 02:00" value=(text(&f.failed_since)); }
+        label { "failed until" input type="text" name="failed_until" value=(text(&f.failed_until)); }
+    }
+}
+
+pub fn bulk(
+    session: &Session,
+    f: &ResendFilters,
+    dispatchers: &[&str],
+    stage: BulkStage<'_>,
+) -> Markup {
+    layout(
+        "Bulk resend",
+        Some(session),
+        html! {
+            h1 { "Resend failed events" }
+            p.muted { "Sets the failed events the filters select back to pending (attempts 0); the sidecar sends them again. A dry run comes first." }
+            form.filters method="get" action="/admin/console/resend" {
+                (filter_fields(f, dispatchers, false))
+                input type="hidden" name="preview" value="1";
+                button #dry-run type="submit" { "Dry run" }
+            }
+            @match stage {
+                BulkStage::Form => {}
+                BulkStage::Error(e) => { p.error #error { (e) } }
+                BulkStage::Done(n) => {
+                    p.notice #result { (n) " event" @if n != 1 { "s" } " set to pending." }
+                    p { a href="/admin/console/events?status=all" { "See the events" } }
+                }
+                BulkStage::Preview { count, sample } => {
+                    p #would-resend { strong { (count) } " failed event" @if count != 1 { "s" } " would be resent." }
+                    @if count > 0 {
+                        @if !sample.is_empty() {
+                            p.muted { "The newest " (sample.len()) ":" }
+                            table #sample {
+                                tr { th { "id" } th { "event name" } th { "last error" } th { "failed" } }
+                                @for r in sample {
+                                    tr {
+                                        td { a href={ "/admin/console/events/" (r.id) } { (r.id) } }
+                                        td { code { (r.event_name) } }
+                                        td { @if let Some(e) = &r.last_error { (shorten(e, 120)) } }
+                                        td { (fmt_time(&r.updated_at)) }
+                                    }
+                                }
+                            }
+                        }
+                        form method="post" action="/admin/console/resend" {
+                            input type="hidden" name="csrf" value=(session.csrf);
+                            (filter_fields(f, dispatchers, true))
+                            button.danger #confirm type="submit" { "Resend " (count) " event" @if count != 1 { "s" } }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(status: Status, last_error: Option<&str>) -> OutboxEventRow {
+        let t = chrono::DateTime::from_timestamp(1_764_554_400, 0)
+            .unwrap()
+            .naive_utc();
+        OutboxEventRow {
+            id: 7,
+            event_name: "accounts.purchase_create".into(),
+            payload: serde_json::json!({"note": "<b>x</b>"}),
+            status,
+            attempts: 3,
+            last_error: last_error.map(str::to_owned),
+            sent_at: None,
+            created_at: t,
+            updated_at: t,
+        }
+    }
+
+    fn session() -> Session {
+        Session {
+            csrf: "c5rf".into(),
+        }
+    }
+
+    #[test]
+    fn row_text_is_escaped() {
+        let html = event(
+            &session(),
+            &row(Status::Failed, Some("<script>alert(1)</script>")),
+            &[],
+            None,
+        )
+        .into_string();
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(html.contains("&lt;b&gt;x&lt;/b&gt;"));
+    }
+
+    #[test]
+    fn only_a_failed_event_has_a_resend_form_and_it_carries_the_csrf_token() {
+        let failed = event(
+            &session(),
+            &row(Status::Failed, Some("HTTP 503")),
+            &[],
+            None,
+        )
+        .into_string();
+        assert!(failed.contains(r#"action="/admin/console/events/7/resend""#));
+        assert!(failed.contains(r#"name="csrf" value="c5rf""#));
+        let sent = event(&session(), &row(Status::Sent, None), &[], None).into_string();
+        assert!(!sent.contains("/events/7/resend"));
+    }
+
+    #[test]
+    fn the_timeline_shows_attempts_or_says_none_were_recorded() {
+        let r = row(Status::Failed, Some("HTTP 503"));
+        let none = event(&session(), &r, &[], None).into_string();
+        assert!(none.contains("attempt history not recorded"));
+        let one = AttemptView {
+            attempt: Some(2),
+            at: r.updated_at,
+            duration_ms: Some(41),
+            outcome: "failure".into(),
+            http_status: Some(503),
+            detail: Some("HTTP 503: down".into()),
+            replica: Some("app-7d9f-x2".into()),
+            via: Some("accounts".into()),
+        };
+        let html = event(&session(), &r, &[one], None).into_string();
+        assert!(!html.contains("attempt history not recorded"));
+        for text in ["503", "41 ms", "app-7d9f-x2", "accounts", "failure"] {
+            assert!(html.contains(text), "{text}");
+        }
+    }
+}

@@ -1,0 +1,465 @@
+//! The web console (`/admin/console/` on the admin API's listener): in a
+//! real browser (headless chromium through chromedriver) against a sidecar
+//! on real PostgreSQL, the mock Kafka cluster and a scripted receiver; and
+//! with a plain HTTP client, that no page or action works without a
+//! session and no POST without the session's CSRF token.
+
+use std::time::Duration;
+
+use entity::Status;
+use serde_json::{json, Value};
+use wiremock::ResponseTemplate;
+
+use crate::harness::browser::Browser;
+use crate::harness::{eventually, spawn_app_with, Options, Receiver, TestApp};
+
+const T: Duration = Duration::from_secs(30);
+const TOKEN: &str = "test-admin-token-0123456789";
+
+/// Events whose payload says `"reject": true` fail their first three
+/// requests (R-004's three attempts: `failed`) and succeed from then on, so
+/// a resend sends them.
+async fn rejecting_receiver() -> Receiver {
+    Receiver::start(|r| {
+        let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        if body["reject"] == true && r.nth < 3 {
+            ResponseTemplate::new(503).set_body_string("receiver down for maintenance")
+        } else {
+            ResponseTemplate::new(204)
+        }
+    })
+    .await
+}
+
+async fn failed_events(t: &TestApp, names: &[&str]) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for name in names {
+        ids.push(t.insert(name, json!({"reject": true, "order": 42})).await);
+    }
+    for id in &ids {
+        t.wait_status(*id, Status::Failed, T).await;
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_in_a_browser_sign_in_see_a_failure_resend_it_and_resend_in_bulk() {
+    let t = spawn_app_with(Options::default(), rejecting_receiver().await).await;
+    let ids = failed_events(
+        &t,
+        &[
+            "accounts.purchase_create",
+            "accounts.installment_overdue",
+            "accounts.installment_overdue",
+            "accounts.installment_paid",
+        ],
+    )
+    .await;
+    let (one, bulk, other) = (ids[0], &ids[1..3], ids[3]);
+    let sent = t.insert("accounts.purchase_create", json!({})).await;
+    t.wait_status(sent, Status::Sent, T).await;
+
+    let b = Browser::start().await;
+    let base = t.api_url("");
+
+    // No session: every page leads to the sign-in page.
+    b.goto(&format!("{base}/admin/")).await;
+    assert_eq!(b.path().await, "/admin/console/signin");
+    // A wrong token: the sign-in page again, with a message and no detail.
+    b.fill("input[name=token]", "not-the-admin-token-at-all")
+        .await;
+    b.click("button[type=submit]").await;
+    assert_eq!(b.text("#message").await, "Sign-in failed.");
+    b.goto(&format!("{base}/admin/console/events")).await;
+    assert_eq!(b.path().await, "/admin/console/signin");
+
+    b.fill("input[name=token]", TOKEN).await;
+    b.click("button[type=submit]").await;
+    assert_eq!(b.path().await, "/admin/console/");
+    assert_eq!(b.text("#count-failed").await, "4");
+    assert_eq!(b.text("#count-sent").await, "1");
+    assert_eq!(b.text("#count-pending").await, "0");
+    assert!(b.text("#fetching").await.starts_with("running"));
+    assert!(b
+        .text("#dispatchers")
+        .await
+        .contains("accounts.installment_overdue"));
+    b.screenshot("console-overview.png").await;
+
+    // The events list shows the failed ones, newest first; the first
+    // failed event's page shows its error and attempts.
+    b.click("#count-failed a").await;
+    let list = b.text("#events").await;
+    let positions: Vec<usize> = ids
+        .iter()
+        .rev()
+        .map(|id| {
+            list.find(&format!("\n{id} "))
+                .expect("every failed event listed")
+        })
+        .collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "newest first: {list}"
+    );
+    assert!(
+        !list.contains(&format!("\n{sent} ")),
+        "sent events are not listed"
+    );
+    b.click(&format!("#events a[href='/admin/console/events/{one}']"))
+        .await;
+    assert_eq!(b.text("#status").await, "failed");
+    assert_eq!(b.text("#attempts").await, "3");
+    assert_eq!(
+        b.text("#last-error").await,
+        "HTTP 503: receiver down for maintenance"
+    );
+    assert_eq!(b.text("#timeline").await, "attempt history not recorded");
+    assert!(b.text("#payload").await.contains("\"order\": 42"));
+    b.screenshot("console-event.png").await;
+    assert_eq!(t.receiver.for_id(one).len(), 3);
+
+    // Resend it: the page says so, and a refresh shows it sent.
+    b.click("#resend").await;
+    assert!(b.text("#notice").await.contains("set to pending"));
+    eventually("the event page to show the event sent", T, || async {
+        b.goto(&format!("{base}/admin/console/events/{one}")).await;
+        (b.text("#status").await == "sent").then_some(())
+    })
+    .await;
+    assert_eq!(t.receiver.for_id(one).len(), 4);
+
+    // A filtered bulk resend: the dry run counts and samples, the confirm
+    // resends exactly those.
+    b.goto(&format!("{base}/admin/console/resend")).await;
+    b.fill("input[name=event_name]", "accounts.installment_overdue")
+        .await;
+    b.fill("input[name=error_contains]", "HTTP 503").await;
+    b.click("#dry-run").await;
+    assert_eq!(
+        b.text("#would-resend").await,
+        "2 failed events would be resent."
+    );
+    b.find("#sample").await;
+    let page = b.client.source().await.unwrap();
+    let linked = |id: i64| page.contains(&format!("href=\"/admin/console/events/{id}\""));
+    assert!(bulk.iter().all(|id| linked(*id)), "{page}");
+    assert!(!linked(other), "{page}");
+    for id in bulk {
+        assert_eq!(
+            t.row(*id).await.status,
+            Status::Failed,
+            "a dry run changes nothing"
+        );
+    }
+    b.click("#confirm").await;
+    assert_eq!(b.text("#result").await, "2 events set to pending.");
+    for id in bulk {
+        t.wait_status(*id, Status::Sent, T).await;
+    }
+    assert_eq!(t.row(other).await.status, Status::Failed);
+
+    // Sign out: the session is gone.
+    b.click("header button[type=submit]").await;
+    assert_eq!(b.text("#message").await, "Signed out.");
+    b.goto(&format!("{base}/admin/console/")).await;
+    assert_eq!(b.path().await, "/admin/console/signin");
+    b.close().await;
+}
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+fn location(r: &reqwest::Response) -> &str {
+    r.headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// A urlencoded form body.
+fn form(pairs: &[(&str, &str)]) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
+}
+
+/// The session's CSRF token, as the page's forms carry it.
+fn csrf_of(page: &str) -> String {
+    let at = page
+        .find(r#"name="csrf" value=""#)
+        .expect("a form with the CSRF token");
+    let rest = &page[at + r#"name="csrf" value=""#.len()..];
+    rest[..rest.find('"').unwrap()].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_refuses_every_page_and_action_without_a_session_and_posts_without_csrf() {
+    let t = spawn_app_with(Options::default(), rejecting_receiver().await).await;
+    let ids = failed_events(&t, &["accounts.purchase_create"]).await;
+    let id = ids[0];
+    let http = no_redirects();
+    let url = |p: &str| t.api_url(p);
+
+    let pages = [
+        "/admin/console/".to_owned(),
+        "/admin/console/events".to_owned(),
+        "/admin/console/events?status=all".to_owned(),
+        format!("/admin/console/events/{id}"),
+        "/admin/console/resend".to_owned(),
+        "/admin/console/resend?preview=1".to_owned(),
+    ];
+    let actions = [
+        (format!("/admin/console/events/{id}/resend"), "csrf=x"),
+        (
+            "/admin/console/resend".to_owned(),
+            "csrf=x&event_name=accounts.purchase_create",
+        ),
+        ("/admin/console/signout".to_owned(), "csrf=x"),
+    ];
+    // No cookie, and a cookie no session has.
+    for cookie in [None, Some("outbox_console=00ff00ff")] {
+        for p in &pages {
+            let mut req = http.get(url(p));
+            if let Some(c) = cookie {
+                req = req.header("cookie", c);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 303, "GET {p} with {cookie:?}");
+            assert_eq!(location(&r), "/admin/console/signin", "GET {p}");
+        }
+        for (p, body) in &actions {
+            let mut req = http
+                .post(url(p))
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(*body);
+            if let Some(c) = cookie {
+                req = req.header("cookie", c);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 303, "POST {p} with {cookie:?}");
+            assert_eq!(location(&r), "/admin/console/signin", "POST {p}");
+        }
+    }
+    assert_eq!(t.row(id).await.status, Status::Failed, "nothing was resent");
+
+    // A wrong token: 401, the sign-in page with a message, no cookie.
+    let r = http
+        .post(url("/admin/console/signin"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", "test-admin-token-012345678")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.headers().get("set-cookie").is_none());
+    assert!(r.text().await.unwrap().contains("Sign-in failed."));
+
+    // The right token: a session cookie, HttpOnly, SameSite=Strict, with
+    // an expiry.
+    let r = http
+        .post(url("/admin/console/signin"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", TOKEN)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(location(&r), "/admin/console/");
+    let set_cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    let (pair, attrs) = set_cookie.split_once(';').unwrap();
+    assert_eq!(
+        attrs.trim(),
+        "Path=/admin; Max-Age=28800; HttpOnly; SameSite=Strict"
+    );
+    let cookie = pair.to_owned();
+    assert_eq!(cookie.len(), "outbox_console=".len() + 64, "{cookie}");
+
+    let page = http
+        .get(url(&format!("/admin/console/events/{id}")))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    assert_eq!(page.headers()["cache-control"], "no-store");
+    let csrf = csrf_of(&page.text().await.unwrap());
+    assert_eq!(csrf.len(), 64);
+
+    // A POST without the CSRF token, or with a wrong one, is refused and
+    // changes nothing.
+    let resend = format!("/admin/console/events/{id}/resend");
+    let bulk = "/admin/console/resend";
+    for body in [
+        String::new(),
+        "csrf=".to_owned(),
+        format!("csrf={}", &csrf[..63]),
+        format!("csrf={}0", csrf),
+        "event_name=accounts.purchase_create".to_owned(),
+        format!(
+            "event_name=accounts.purchase_create&csrf={}",
+            csrf.to_uppercase()
+        ),
+    ] {
+        for p in [&resend, &bulk.to_owned()] {
+            let r = http
+                .post(url(p))
+                .header("cookie", &cookie)
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 403, "POST {p} with {body:?}");
+            assert!(r
+                .text()
+                .await
+                .unwrap()
+                .contains("CSRF token is missing or wrong"));
+        }
+    }
+    assert_eq!(t.row(id).await.status, Status::Failed, "nothing was resent");
+    assert_eq!(t.receiver.for_id(id).len(), 3);
+
+    // The events list's filters: error text and failure time.
+    let list = |query: &'static str| {
+        let http = http.clone();
+        let cookie = cookie.clone();
+        let u = url(&format!("/admin/console/events?{query}"));
+        async move {
+            let r = http.get(u).header("cookie", cookie).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let link = format!("href=\"/admin/console/events/{id}\"");
+    let (status, page) = list("error_contains=HTTP+503&failed_since=2000-01-01+00:00").await;
+    assert_eq!(status, 200);
+    assert!(page.contains(&link), "{page}");
+    for query in [
+        "error_contains=HTTP+500",
+        "failed_since=2999-01-01T00:00:00Z",
+        "failed_until=2000-01-01+00:00",
+        "status=sent",
+        "event_name=accounts.installment_paid",
+    ] {
+        let (status, page) = list(query).await;
+        assert_eq!(status, 200, "{query}");
+        assert!(!page.contains(&link), "{query}: {page}");
+        assert!(page.contains("No events."), "{query}");
+    }
+    let (status, page) = list("failed_since=noon").await;
+    assert_eq!(status, 400);
+    assert!(
+        page.contains("failed_since: &quot;noon&quot; is not a time"),
+        "{page}"
+    );
+
+    // The session's cookie is no bearer token: the JSON API still refuses.
+    let r = http
+        .get(url("/admin/events"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    // With the token, the same POST works.
+    let r = http
+        .post(url(&resend))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", csrf.as_str())]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(location(&r), format!("/admin/console/events/{id}?resent=1"));
+    t.wait_status(id, Status::Sent, T).await;
+
+    // Cursor paging: 50 a page, newest first, with the API's cursor.
+    let mut newer = Vec::new();
+    for _ in 0..50 {
+        newer.push(t.insert("accounts.installment_paid", json!({})).await);
+    }
+    for n in &newer {
+        t.wait_status(*n, Status::Sent, T).await;
+    }
+    let get = |path: String| {
+        let req = http.get(url(&path)).header("cookie", &cookie);
+        async move { req.send().await.unwrap().text().await.unwrap() }
+    };
+    let linked =
+        |page: &str, id: i64| page.contains(&format!("href=\"/admin/console/events/{id}\""));
+    let first = get("/admin/console/events?status=sent".into()).await;
+    assert!(newer.iter().all(|n| linked(&first, *n)));
+    assert!(!linked(&first, id), "the oldest is on the next page");
+    let next = {
+        let at = first.find("id=\"next\" href=\"").expect("a next page link")
+            + "id=\"next\" href=\"".len();
+        first[at..at + first[at..].find('"').unwrap()].replace("&amp;", "&")
+    };
+    assert_eq!(
+        next,
+        format!("/admin/console/events?status=sent&before={}", newer[0])
+    );
+    let second = get(next).await;
+    assert!(linked(&second, id));
+    assert!(!second.contains("id=\"next\""), "the last page");
+
+    // Signed out, the cookie opens nothing.
+    let r = http
+        .post(url("/admin/console/signout"))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", csrf.as_str())]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .contains("Max-Age=0"));
+    let r = http
+        .get(url("/admin/console/"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(location(&r), "/admin/console/signin");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_is_disabled_without_an_admin_token() {
+    let t = spawn_app_with(
+        Options {
+            admin_token: None,
+            ..Options::default()
+        },
+        Receiver::accepting().await,
+    )
+    .await;
+    let http = no_redirects();
+    let r = http
+        .get(t.api_url("/admin/console/signin"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("set admin.token"));
+    let r = http
+        .post(t.api_url("/admin/console/signin"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", "")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = http.get(t.api_url("/admin/console/")).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+}
