@@ -224,7 +224,8 @@ pub struct HistorySettings {
     /// What `events prune` keeps.
     #[serde(default = "default_history_retention", with = "duration")]
     pub retention: Duration,
-    /// This replica's name in the log; unset: `$HOSTNAME` (the pod name).
+    /// This replica's name in the log; unset: `$HOSTNAME` (the pod name),
+    /// else the machine's host name.
     #[serde(default)]
     pub replica: Option<String>,
 }
@@ -247,6 +248,12 @@ impl HistorySettings {
             .clone()
             .filter(|r| !r.trim().is_empty())
             .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_owned())
+                    .filter(|h| !h.is_empty())
+            })
             .unwrap_or_else(|| "unknown".to_owned())
     }
 }

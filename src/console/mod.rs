@@ -60,6 +60,127 @@ impl ConsoleState {
     }
 }
 
+/// A row of the attempt log as the timeline shows it (a resend: outcome
+/// `resend`, via the surface and the caller's label).
+fn attempt_view(r: crate::store::history::Record) -> AttemptView {
+    let resend = r.kind == "resend";
+    AttemptView {
+        attempt: r.attempt,
+        at: r.started_at,
+        duration_ms: r.duration_ms.and_then(|d| u64::try_from(d).ok()),
+        outcome: if resend {
+            "resend".to_owned()
+        } else {
+            r.outcome.unwrap_or_default()
+        },
+        http_status: r.http_status.and_then(|c| u16::try_from(c).ok()),
+        detail: if resend { r.label } else { r.detail },
+        replica: r.replica,
+        via: r.via,
+    }
+}
+
+/// Every configured dispatcher with its state (paused, breaker) and the
+/// recent outcomes of its attempts.
+async fn dispatcher_rows(admin: &AdminState) -> Vec<pages::DispatcherRow> {
+    let breakers = admin
+        .holds
+        .as_ref()
+        .map(|h| h.breaker_states())
+        .unwrap_or_default();
+    let views = operator::dispatchers(&admin.store, &admin.dispatchers, &breakers).await;
+    let since = crate::store::now() - chrono::Duration::minutes(15);
+    let mut rows = Vec::new();
+    for (name, events) in &admin.dispatchers {
+        let found = views
+            .as_ref()
+            .ok()
+            .and_then(|v| v.iter().find(|d| &d.name == name));
+        let state = found.map(|d| {
+            let mut text = match (&d.paused_at, &d.paused_via) {
+                (Some(at), Some(via)) => format!(
+                    "paused since {} UTC via {via}{}",
+                    at.format("%Y-%m-%d %H:%M:%S"),
+                    d.paused_label
+                        .as_deref()
+                        .map(|l| format!(" ({l})"))
+                        .unwrap_or_default()
+                ),
+                _ => "sending".to_owned(),
+            };
+            if let Some(b) = &d.breaker {
+                text.push_str(&format!("; breaker {b}"));
+            }
+            text
+        });
+        let recent = admin
+            .store
+            .recent_outcomes(events, since)
+            .await
+            .ok()
+            .flatten();
+        rows.push(pages::DispatcherRow {
+            paused: found.is_some_and(|d| d.paused),
+            view: DispatcherView {
+                name: name.clone(),
+                events: events.clone(),
+                state,
+            },
+            recent,
+        });
+    }
+    rows
+}
+
+async fn dispatchers_page(
+    State(state): State<ConsoleState>,
+    Extension(s): Extension<Session>,
+) -> Response {
+    let rows = dispatcher_rows(&state.admin).await;
+    html(StatusCode::OK, pages::dispatchers(&s, &rows, None))
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct PauseForm {
+    label: Option<String>,
+}
+
+/// The dispatchers page's buttons: the API's
+/// `POST /admin/dispatchers/{name}/pause|resume`.
+async fn dispatcher_action(
+    State(state): State<ConsoleState>,
+    Extension(s): Extension<Session>,
+    Path((name, action)): Path<(String, String)>,
+    axum::Form(form): axum::Form<PauseForm>,
+) -> Response {
+    let admin = &state.admin;
+    let result = match action.as_str() {
+        "pause" => {
+            let caller = Caller::new(Via::Console, form.label);
+            operator::pause(&admin.store, &admin.dispatchers, &name, &caller).await
+        }
+        "resume" => operator::resume(&admin.store, &admin.dispatchers, &name).await,
+        _ => {
+            return html(
+                StatusCode::NOT_FOUND,
+                pages::message_page("Not found", Some(&s), "No such action."),
+            )
+        }
+    };
+    let (status, notice) = match result {
+        Ok(done) => {
+            tracing::info!(dispatcher = %done.dispatcher, message = %done.message, "dispatcher changed in the console");
+            (StatusCode::OK, done.message)
+        }
+        Err(e @ operator::DispatcherError::Unknown { .. }) => {
+            (StatusCode::NOT_FOUND, e.to_string())
+        }
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    let rows = dispatcher_rows(admin).await;
+    html(status, pages::dispatchers(&s, &rows, Some(&notice)))
+}
+
 /// The console's routes, to be merged into the admin API's router.
 pub fn router(state: ConsoleState) -> Router {
     let signed_in = Router::new()
@@ -68,6 +189,11 @@ pub fn router(state: ConsoleState) -> Router {
         .route("/admin/console/events/{id}", get(event))
         .route("/admin/console/events/{id}/resend", post(resend_event))
         .route("/admin/console/resend", get(bulk_form).post(bulk_resend))
+        .route("/admin/console/dispatchers", get(dispatchers_page))
+        .route(
+            "/admin/console/dispatchers/{name}/{action}",
+            post(dispatcher_action),
+        )
         .route("/admin/console/signout", post(sign_out))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -256,14 +382,10 @@ async fn overview(State(state): State<ConsoleState>, Extension(s): Extension<Ses
         fetching_paused: admin.metrics.consumer_paused.get() == 1,
         lags: admin.metrics.consumer_lags(),
         inflight: admin.metrics.inflight_events.get(),
-        dispatchers: admin
-            .dispatchers
-            .iter()
-            .map(|(name, events)| DispatcherView {
-                name: name.clone(),
-                events: events.clone(),
-                state: None,
-            })
+        dispatchers: dispatcher_rows(admin)
+            .await
+            .into_iter()
+            .map(|r| r.view)
             .collect(),
     };
     html(StatusCode::OK, pages::overview(&s, &view))
@@ -389,10 +511,16 @@ async fn event(
                 .resent
                 .is_some()
                 .then(|| format!("Event {id} set to pending: the sidecar sends it again."));
-            // The attempt timeline: the attempt log (a side table, being
-            // built) is to be read here into `AttemptView`s. Until then the
-            // page says "attempt history not recorded".
-            let attempts: Vec<AttemptView> = Vec::new();
+            // The attempt timeline, from the attempt log.
+            let attempts: Vec<AttemptView> = match state.admin.store.history(id).await {
+                Ok(records) => records.into_iter().map(attempt_view).collect(),
+                Err(e) => {
+                    return html(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        pages::message_page("Database error", Some(&s), &e.to_string()),
+                    )
+                }
+            };
             html(
                 StatusCode::OK,
                 pages::event(&s, &row, &attempts, notice.as_deref()),

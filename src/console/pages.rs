@@ -34,8 +34,8 @@ button{cursor:pointer}button.danger{background:#cf222e;color:#fff;border:1px sol
 .counts td{font-size:1.2rem;text-align:right;min-width:6rem}
 ";
 
-/// One attempt of an event, for the event page's timeline. The attempt
-/// log is not recorded yet: the page is given none and says so.
+/// One attempt (or resend) of an event, for the event page's timeline,
+/// from the attempt log.
 #[derive(Debug, Clone)]
 pub struct AttemptView {
     /// 1-based, as the `Outbox-Attempt` header says.
@@ -52,8 +52,9 @@ pub struct AttemptView {
     pub via: Option<String>,
 }
 
-/// A configured dispatcher on the overview. `state` (paused, breaker) is
-/// not tracked yet: `None`.
+/// A configured dispatcher on the overview and the dispatchers page:
+/// `state` says whether it sends, is paused (since, by whom) and, with a
+/// breaker, this replica's breaker state.
 #[derive(Debug, Clone)]
 pub struct DispatcherView {
     pub name: String,
@@ -101,6 +102,7 @@ fn layout(title: &str, session: Option<&Session>, body: Markup) -> Markup {
                         a href="/admin/console/" { "Overview" }
                         a href="/admin/console/events" { "Events" }
                         a href="/admin/console/resend" { "Bulk resend" }
+                        a href="/admin/console/dispatchers" { "Dispatchers" }
                         form method="post" action="/admin/console/signout" {
                             input type="hidden" name="csrf" value=(s.csrf);
                             button type="submit" { "Sign out" }
@@ -209,17 +211,14 @@ pub fn overview(session: &Session, v: &OverviewView) -> Markup {
                     @for (p, lag) in &v.lags { tr { td { (p) } td { (lag) } } }
                 }
             }
-            h2 { "Dispatchers" }
-            // Dispatcher pause/resume and the circuit breaker (being built):
-            // their state goes in `DispatcherView::state` (the last column)
-            // and their buttons here, or on a dispatchers page.
+            h2 { a href="/admin/console/dispatchers" { "Dispatchers" } }
             table #dispatchers {
                 tr { th { "dispatcher" } th { "events" } th { "state" } }
                 @for d in &v.dispatchers {
                     tr {
                         td { (d.name) }
                         td { @for (i, e) in d.events.iter().enumerate() { @if i > 0 { ", " } code { (e) } } }
-                        td { @match &d.state { Some(s) => (s), None => span.muted { "pause and breaker state not tracked yet" } } }
+                        td { @match &d.state { Some(s) => (s), None => span.muted { "unknown (the database did not answer)" } } }
                     }
                 }
             }
@@ -334,7 +333,7 @@ pub fn event(
             }
             h2 { "Attempts" }
             @if attempts.is_empty() {
-                p.muted #timeline { "attempt history not recorded" }
+                p.muted #timeline { "no attempt recorded (the attempt log is off, or nothing was sent yet)" }
             } @else {
                 table #timeline {
                     tr { th { "#" } th { "at" } th { "outcome" } th { "HTTP" } th { "duration" } th { "detail" } th { "replica" } th { "via" } }
@@ -354,6 +353,63 @@ pub fn event(
             }
             h2 { "Payload" }
             pre #payload { (payload) }
+        },
+    )
+}
+
+/// One dispatcher on the dispatchers page.
+#[derive(Debug, Clone)]
+pub struct DispatcherRow {
+    pub view: DispatcherView,
+    pub paused: bool,
+    /// (successes, failures) in the attempt log over the last 15 minutes;
+    /// `None` with the log off.
+    pub recent: Option<(i64, i64)>,
+}
+
+/// The dispatchers page: state, recent failure rate, pause and resume.
+pub fn dispatchers(session: &Session, rows: &[DispatcherRow], notice: Option<&str>) -> Markup {
+    layout(
+        "Dispatchers",
+        Some(session),
+        html! {
+            h1 { "Dispatchers" }
+            @if let Some(n) = notice { p.notice #notice { (n) } }
+            p.muted { "A paused dispatcher's events stay pending and use no attempt; every replica sees a pause within dispatch.pause_refresh. Resume announces its pending events again through the change feed." }
+            table #dispatcher-list {
+                tr { th { "dispatcher" } th { "events" } th { "state" } th { "last 15 min (attempt log)" } th { "" } }
+                @for r in rows {
+                    tr id={ "dispatcher-" (r.view.name) } {
+                        td { (r.view.name) }
+                        td { @for (i, e) in r.view.events.iter().enumerate() { @if i > 0 { ", " } code { (e) } } }
+                        td.state { @match &r.view.state { Some(s) => (s), None => span.muted { "unknown" } } }
+                        td.rate {
+                            @match r.recent {
+                                None => span.muted { "attempt log off" },
+                                Some((ok, failed)) if ok + failed == 0 => span.muted { "no attempts" },
+                                Some((ok, failed)) => {
+                                    (failed) " failed of " (ok + failed)
+                                    " (" (format!("{:.0}", 100.0 * failed as f64 / (ok + failed) as f64)) "%)"
+                                }
+                            }
+                        }
+                        td {
+                            @if r.paused {
+                                form method="post" action={ "/admin/console/dispatchers/" (r.view.name) "/resume" } {
+                                    input type="hidden" name="csrf" value=(session.csrf);
+                                    button.resume type="submit" { "Resume" }
+                                }
+                            } @else {
+                                form method="post" action={ "/admin/console/dispatchers/" (r.view.name) "/pause" } {
+                                    input type="hidden" name="csrf" value=(session.csrf);
+                                    input type="text" name="label" placeholder="why (optional)";
+                                    button.pause.danger type="submit" { "Pause" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         },
     )
 }
@@ -493,7 +549,7 @@ mod tests {
     fn the_timeline_shows_attempts_or_says_none_were_recorded() {
         let r = row(Status::Failed, Some("HTTP 503"));
         let none = event(&session(), &r, &[], None).into_string();
-        assert!(none.contains("attempt history not recorded"));
+        assert!(none.contains("no attempt recorded"));
         let one = AttemptView {
             attempt: Some(2),
             at: r.updated_at,
@@ -505,7 +561,7 @@ mod tests {
             via: Some("accounts".into()),
         };
         let html = event(&session(), &r, &[one], None).into_string();
-        assert!(!html.contains("attempt history not recorded"));
+        assert!(!html.contains("no attempt recorded"));
         for text in ["503", "41 ms", "app-7d9f-x2", "accounts", "failure"] {
             assert!(html.contains(text), "{text}");
         }

@@ -286,6 +286,64 @@ impl Store {
             .map_err(db_err("reading the attempt log"))
     }
 
+    /// How many attempts of `event_names` succeeded and failed since
+    /// `since` (the console's recent failure rate); `None` with the log off.
+    pub async fn recent_outcomes(
+        &self,
+        event_names: &[String],
+        since: NaiveDateTime,
+    ) -> Result<Option<(i64, i64)>, StoreError> {
+        let Some(h) = self.history_table() else {
+            return Ok(None);
+        };
+        let (a, e) = (Alias::new("a"), Alias::new("e"));
+        let stmt = Query::select()
+            .expr_as(
+                Expr::col((a.clone(), Alias::new("outcome"))),
+                Alias::new("outcome"),
+            )
+            .expr_as(
+                sea_orm::sea_query::Func::count(Expr::col((a.clone(), Alias::new("id")))),
+                Alias::new("n"),
+            )
+            .from_as(Alias::new(&h.table), a.clone())
+            .join_as(
+                sea_orm::sea_query::JoinType::InnerJoin,
+                Alias::new(self.table()),
+                e.clone(),
+                Expr::col((e.clone(), Alias::new("id")))
+                    .equals((a.clone(), Alias::new("event_id"))),
+            )
+            .and_where(Expr::col((a.clone(), Alias::new("kind"))).eq("attempt"))
+            .and_where(Expr::col((a.clone(), Alias::new("started_at"))).gte(since))
+            .and_where(
+                Expr::col((e, Alias::new("event_name")))
+                    .is_in(event_names.iter().map(String::as_str)),
+            )
+            .group_by_col((a, Alias::new("outcome")))
+            .to_owned();
+        let rows = self
+            .connection()
+            .query_all(&stmt)
+            .await
+            .map_err(db_err("counting recent attempts"))?;
+        let (mut ok, mut failed) = (0, 0);
+        for r in rows {
+            let outcome: Option<String> = r
+                .try_get("", "outcome")
+                .map_err(db_err("counting recent attempts"))?;
+            let n: i64 = r
+                .try_get("", "n")
+                .map_err(db_err("counting recent attempts"))?;
+            match outcome.as_deref() {
+                Some("success") => ok += n,
+                Some("failure") => failed += n,
+                _ => {}
+            }
+        }
+        Ok(Some((ok, failed)))
+    }
+
     /// Deletes log rows older than `older_than`, at most `batch` per
     /// statement (short locks, short transactions), until none is left;
     /// never a row of the outbox table. Returns how many it deleted.

@@ -114,7 +114,14 @@ async fn console_in_a_browser_sign_in_see_a_failure_resend_it_and_resend_in_bulk
         b.text("#last-error").await,
         "HTTP 503: receiver down for maintenance"
     );
-    assert_eq!(b.text("#timeline").await, "attempt history not recorded");
+    // The attempt timeline: three failures, each with the receiver's 503.
+    let timeline = b.text("#timeline").await;
+    assert_eq!(timeline.matches("failure").count(), 3, "{timeline}");
+    assert_eq!(
+        timeline.matches("503").count(),
+        6,
+        "status and detail: {timeline}"
+    );
     assert!(b.text("#payload").await.contains("\"order\": 42"));
     b.screenshot("console-event.png").await;
     assert_eq!(t.receiver.for_id(one).len(), 3);
@@ -128,6 +135,11 @@ async fn console_in_a_browser_sign_in_see_a_failure_resend_it_and_resend_in_bulk
     })
     .await;
     assert_eq!(t.receiver.for_id(one).len(), 4);
+    // The timeline now shows the resend (made in the console) and the success.
+    let timeline = b.text("#timeline").await;
+    assert!(timeline.contains("resend"), "{timeline}");
+    assert!(timeline.contains("console"), "{timeline}");
+    assert!(timeline.contains("success"), "{timeline}");
 
     // A filtered bulk resend: the dry run counts and samples, the confirm
     // resends exactly those.
@@ -164,6 +176,91 @@ async fn console_in_a_browser_sign_in_see_a_failure_resend_it_and_resend_in_bulk
     assert_eq!(b.text("#message").await, "Signed out.");
     b.goto(&format!("{base}/admin/console/")).await;
     assert_eq!(b.path().await, "/admin/console/signin");
+    b.close().await;
+}
+
+/// Pause the dispatcher in the console: new events stay pending with no
+/// attempt used; resume: each is sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_pauses_and_resumes_a_dispatcher() {
+    let t = spawn_app_with(Options::default(), Receiver::accepting().await).await;
+    let b = Browser::start().await;
+    let base = t.api_url("");
+    b.goto(&format!("{base}/admin/console/signin")).await;
+    b.fill("input[name=token]", TOKEN).await;
+    b.click("button[type=submit]").await;
+    b.goto(&format!("{base}/admin/console/dispatchers")).await;
+    assert!(b
+        .text("#dispatcher-accounts .state")
+        .await
+        .starts_with("sending"));
+    b.fill("#dispatcher-accounts input[name=label]", "accounts deploy")
+        .await;
+    b.click("#dispatcher-accounts button.pause").await;
+    assert_eq!(
+        b.text("#notice").await,
+        "dispatcher accounts paused: its events stay pending, no attempt is used"
+    );
+    let state = b.text("#dispatcher-accounts .state").await;
+    assert!(
+        state.contains("paused since") && state.ends_with("via console (accounts deploy)"),
+        "{state}"
+    );
+    let metrics = t.admin_url("");
+    eventually("the replica to see the pause", T, || {
+        let metrics = metrics.clone();
+        async move {
+            let v = crate::harness::metric(
+                &metrics,
+                "outbox_dispatcher_paused{dispatcher=\"accounts\"}",
+            )
+            .await?;
+            (v == 1.0).then_some(())
+        }
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(t.insert("accounts.purchase_create", json!({"n": i})).await);
+    }
+    t.wait_all_committed(&t.group, T).await;
+    for id in &ids {
+        let row = t.row(*id).await;
+        assert_eq!(
+            (row.status, row.attempts),
+            (Status::Pending, 0),
+            "event {id}"
+        );
+    }
+    assert!(
+        t.receiver.requests().is_empty(),
+        "nothing sent while paused"
+    );
+    b.goto(&format!("{base}/admin/console/events/{}", ids[0]))
+        .await;
+    assert_eq!(b.text("#status").await, "pending");
+    assert!(b.text("#timeline").await.starts_with("no attempt recorded"));
+
+    b.goto(&format!("{base}/admin/console/dispatchers")).await;
+    b.click("#dispatcher-accounts button.resume").await;
+    assert_eq!(
+        b.text("#notice").await,
+        "dispatcher accounts resumed: 3 pending event(s) announced again"
+    );
+    for id in &ids {
+        t.wait_status(*id, Status::Sent, T).await;
+        assert_eq!(t.receiver.for_id(*id).len(), 1, "event {id} sent once");
+    }
+    eventually("the page to show the sends", T, || async {
+        b.goto(&format!("{base}/admin/console/dispatchers")).await;
+        let rate = b.text("#dispatcher-accounts .rate").await;
+        (rate == "0 failed of 3 (0%)").then_some(())
+    })
+    .await;
+    assert!(b
+        .text("#dispatcher-accounts .state")
+        .await
+        .starts_with("sending"));
     b.close().await;
 }
 
@@ -212,6 +309,7 @@ async fn console_refuses_every_page_and_action_without_a_session_and_posts_witho
         format!("/admin/console/events/{id}"),
         "/admin/console/resend".to_owned(),
         "/admin/console/resend?preview=1".to_owned(),
+        "/admin/console/dispatchers".to_owned(),
     ];
     let actions = [
         (format!("/admin/console/events/{id}/resend"), "csrf=x"),
@@ -220,6 +318,14 @@ async fn console_refuses_every_page_and_action_without_a_session_and_posts_witho
             "csrf=x&event_name=accounts.purchase_create",
         ),
         ("/admin/console/signout".to_owned(), "csrf=x"),
+        (
+            "/admin/console/dispatchers/accounts/pause".to_owned(),
+            "csrf=x",
+        ),
+        (
+            "/admin/console/dispatchers/accounts/resume".to_owned(),
+            "csrf=x",
+        ),
     ];
     // No cookie, and a cookie no session has.
     for cookie in [None, Some("outbox_console=00ff00ff")] {
@@ -246,6 +352,10 @@ async fn console_refuses_every_page_and_action_without_a_session_and_posts_witho
         }
     }
     assert_eq!(t.row(id).await.status, Status::Failed, "nothing was resent");
+    assert!(
+        t.store.pauses().await.unwrap().is_empty(),
+        "nothing was paused"
+    );
 
     // A wrong token: 401, the sign-in page with a message, no cookie.
     let r = http
@@ -305,7 +415,11 @@ async fn console_refuses_every_page_and_action_without_a_session_and_posts_witho
             csrf.to_uppercase()
         ),
     ] {
-        for p in [&resend, &bulk.to_owned()] {
+        for p in [
+            &resend,
+            &bulk.to_owned(),
+            &"/admin/console/dispatchers/accounts/pause".to_owned(),
+        ] {
             let r = http
                 .post(url(p))
                 .header("cookie", &cookie)
@@ -324,6 +438,10 @@ async fn console_refuses_every_page_and_action_without_a_session_and_posts_witho
     }
     assert_eq!(t.row(id).await.status, Status::Failed, "nothing was resent");
     assert_eq!(t.receiver.for_id(id).len(), 3);
+    assert!(
+        t.store.pauses().await.unwrap().is_empty(),
+        "nothing was paused"
+    );
 
     // The events list's filters: error text and failure time.
     let list = |query: &'static str| {
