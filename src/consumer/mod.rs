@@ -110,7 +110,10 @@ enum GroupEvent {
     /// `hand_off`: the partitions are still librdkafka's to fetch; the loop
     /// gives them up once their POSTs under way wrote their status
     /// (cooperative protocol). Otherwise they are already given up.
-    Revoke { parts: Vec<i32>, hand_off: bool },
+    Revoke {
+        parts: Vec<i32>,
+        hand_off: bool,
+    },
 }
 
 /// The revoked partitions of a cooperative rebalance, ready to be given up:
@@ -295,7 +298,10 @@ impl ConsumerContext for SidecarContext {
         err: RDKafkaRespErr,
         tpl: &mut TopicPartitionList,
     ) {
-        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
         let protocol = if cooperative { "cooperative" } else { "eager" };
         let count = |kind: &str| {
             self.metrics
@@ -690,7 +696,9 @@ impl Pipeline {
             let stop = || closing.load(Ordering::Relaxed);
             let left = leases
                 .iter()
-                .map(|l| l.revoke_and_wait(deadline.saturating_duration_since(Instant::now()), stop))
+                .map(|l| {
+                    l.revoke_and_wait(deadline.saturating_duration_since(Instant::now()), stop)
+                })
                 .sum();
             let _ = tx.send(HandOff {
                 parts,
@@ -728,7 +736,9 @@ impl Pipeline {
         }
         match self.consumer.incremental_unassign(&tpl) {
             Ok(()) => info!(partitions = ?parts, "revoked partitions given up"),
-            Err(e) => warn!(error = %e, partitions = ?parts, "cannot give the revoked partitions up"),
+            Err(e) => {
+                warn!(error = %e, partitions = ?parts, "cannot give the revoked partitions up")
+            }
         }
     }
 
@@ -954,11 +964,10 @@ impl Pipeline {
             }
         }
         // Cooperative revokes still waiting end with the drain's wait.
-        let handing_off: Vec<i32> = std::mem::take(
-            &mut *self.handing_off.lock().unwrap_or_else(|e| e.into_inner()),
-        )
-        .into_iter()
-        .collect();
+        let handing_off: Vec<i32> =
+            std::mem::take(&mut *self.handing_off.lock().unwrap_or_else(|e| e.into_inner()))
+                .into_iter()
+                .collect();
         if !handing_off.is_empty() {
             self.unassign(&handing_off);
         }

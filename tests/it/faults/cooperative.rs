@@ -218,10 +218,14 @@ async fn kept_partitions_keep_delivering_while_a_revoked_one_waits_for_its_post(
             .filter(|r| mode(r) == "fresh" && r.at > measured_from && r.at < hold_ends)
             .count()
     };
-    let delivered = eventually("fresh deliveries during the wait, or its end", T, || async {
-        let n = during_wait(&t.receiver.requests());
-        (n >= 3 || now() > hold_ends).then_some(n)
-    })
+    let delivered = eventually(
+        "fresh deliveries during the wait, or its end",
+        T,
+        || async {
+            let n = during_wait(&t.receiver.requests());
+            (n >= 3 || now() > hold_ends).then_some(n)
+        },
+    )
     .await;
     assert!(
         delivered >= 3,
