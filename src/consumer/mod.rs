@@ -23,9 +23,9 @@
 //!   happens in librdkafka's rebalance callback; under the cooperative one
 //!   (`partition.assignment.strategy = "cooperative-sticky"`, only some
 //!   partitions move) the callback returns at once, the loop keeps serving
-//!   the partitions it keeps, and it gives the revoked ones up
-//!   (`incremental_unassign`) once their POSTs wrote their status: see
-//!   [`SidecarContext::rebalance`].
+//!   the work it holds for the partitions it keeps, and it gives the revoked
+//!   ones up (`incremental_unassign`) once their POSTs wrote their status:
+//!   see [`SidecarContext::rebalance`].
 
 pub mod offsets;
 pub mod schedule;
@@ -281,13 +281,20 @@ impl ConsumerContext for SidecarContext {
     /// the callback, incrementally under the cooperative protocol) for one
     /// case: a cooperative revoke that is not a loss and not the close.
     /// Then the callback only cancels the revoked partitions' leases and
-    /// returns; the loop keeps fetching and serving the partitions this
-    /// member keeps, waits (off the loop, up to the drain timeout) for the
-    /// revoked partitions' POSTs under way to write their status, and only
-    /// then calls `incremental_unassign` (librdkafka allows it outside the
-    /// callback; the member rejoins, and the partitions reach their next
-    /// owner, only after it). Offsets stored for them are committed by
-    /// librdkafka as it removes them (auto-commit).
+    /// returns; the loop keeps serving what it holds for the partitions
+    /// this member keeps (jobs end and commit, rows read start, retry waits
+    /// go on, liveness beats), waits (off the loop, up to the drain
+    /// timeout) for the revoked partitions' POSTs under way to write their
+    /// status, and only then calls `incremental_unassign` (librdkafka allows
+    /// it outside the callback; the member rejoins, and the partitions
+    /// reach their next owner, only after it). Offsets stored for them are
+    /// committed by librdkafka as it removes them (auto-commit).
+    ///
+    /// librdkafka pauses fetching of every assigned partition from the
+    /// moment it hands a cooperative revoke to the application until the
+    /// unassign (`rdkafka_cgrp.c`, "incremental rebalance"), and drops what
+    /// it had prefetched: new messages of the kept partitions wait for the
+    /// hand-off, wherever the wait runs.
     ///
     /// Under the eager protocol every partition is revoked, so there is
     /// nothing to keep serving: the wait stays in the callback, which
