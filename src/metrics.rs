@@ -25,6 +25,10 @@ pub struct Metrics {
     pub consumer_paused: IntGauge,
     pub consumer_pauses_total: prometheus::IntCounter,
     pub revoke_held_requests_total: IntCounterVec,
+    /// Rebalance callbacks by protocol (`eager`, `cooperative`) and what
+    /// they did (`assign`, `revoke`, `lost`): shows which protocol the
+    /// group runs, e.g. during the two-step switch to cooperative-sticky.
+    pub consumer_rebalances_total: IntCounterVec,
     pub db_write_retries_total: IntCounterVec,
     pub cdc_rows_visible_late_total: prometheus::IntCounter,
     pub row_reads_failed_total: prometheus::IntCounter,
@@ -129,6 +133,14 @@ impl Metrics {
                  send those again)",
             ),
             &["outcome"],
+        ));
+        let consumer_rebalances_total = must(IntCounterVec::new(
+            Opts::new(
+                "outbox_consumer_rebalances_total",
+                "Rebalance callbacks of this member, by rebalance protocol (eager, cooperative) \
+                 and kind (assign, revoke, lost)",
+            ),
+            &["protocol", "kind"],
         ));
         let db_write_retries_total = must(IntCounterVec::new(
             Opts::new(
@@ -239,6 +251,7 @@ impl Metrics {
         reg(Box::new(consumer_paused.clone()));
         reg(Box::new(consumer_pauses_total.clone()));
         reg(Box::new(revoke_held_requests_total.clone()));
+        reg(Box::new(consumer_rebalances_total.clone()));
         reg(Box::new(db_write_retries_total.clone()));
         // Known series start at zero so dashboards and alerts see them.
         for r in ["triggered", "skipped", "invalid"] {
@@ -262,6 +275,7 @@ impl Metrics {
             consumer_paused,
             consumer_pauses_total,
             revoke_held_requests_total,
+            consumer_rebalances_total,
             db_write_retries_total,
             cdc_rows_visible_late_total,
             row_reads_failed_total,

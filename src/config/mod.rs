@@ -873,6 +873,7 @@ impl Settings {
         if self.kafka.group_id.trim().is_empty() {
             return Err(ConfigError::missing("kafka.group_id"));
         }
+        self.check_assignment_strategy()?;
         // A revoke waits up to the drain timeout inside the consumer's poll;
         // librdkafka drops a member that does not poll for this long.
         let max_poll = self.max_poll_interval()?.as_millis();
@@ -895,6 +896,45 @@ impl Settings {
             .iter()
             .map(|(name, d)| (name.clone(), d.events.clone()))
             .collect()
+    }
+
+    /// `partition.assignment.strategy`: librdkafka's assignors, all eager
+    /// (`range`, `roundrobin`) or all cooperative (`cooperative-sticky`);
+    /// librdkafka refuses a mix, so switching a group from one protocol to
+    /// the other takes a rollout in which the two never meet in the group.
+    fn check_assignment_strategy(&self) -> Result<(), ConfigError> {
+        let Some((k, v)) = self
+            .kafka
+            .properties
+            .iter()
+            .find(|(k, _)| property_name(k) == "partition.assignment.strategy")
+        else {
+            return Ok(());
+        };
+        let key = format!("kafka.properties.{k}");
+        let names: Vec<&str> = v.split(',').map(str::trim).collect();
+        for name in &names {
+            if !["range", "roundrobin", "cooperative-sticky"].contains(name) {
+                return Err(ConfigError::key(
+                    key,
+                    format!(
+                        "{name:?} is not an assignment strategy (range, roundrobin or \
+                         cooperative-sticky)"
+                    ),
+                ));
+            }
+        }
+        let cooperative = names.iter().filter(|n| **n == "cooperative-sticky").count();
+        if cooperative > 0 && cooperative < names.len() {
+            return Err(ConfigError::key(
+                key,
+                format!(
+                    "{v:?} mixes cooperative-sticky with eager strategies; librdkafka takes one \
+                     protocol only (see the README on switching a group to cooperative-sticky)"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The consumer's `max.poll.interval.ms` (librdkafka drops a member

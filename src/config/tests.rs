@@ -145,6 +145,36 @@ fn drain_timeout_must_stay_below_max_poll_interval() {
 }
 
 #[test]
+fn the_assignment_strategy_is_one_protocol_of_librdkafka_s_assignors() {
+    let base =
+        "[database]\nurl = \"sqlite::memory:\"\n[kafka]\nbrokers = \"k:9092\"\ntopic = \"t\"\n";
+    let run_check = |props: &str| {
+        Settings::from_toml(
+            Some(&format!("{base}[kafka.properties]\n{props}\n")),
+            BTreeMap::new(),
+        )
+        .unwrap()
+        .validate_for_run()
+    };
+    run_check("\"partition.assignment.strategy\" = \"cooperative-sticky\"").expect("cooperative");
+    run_check("\"partition.assignment.strategy\" = \"range, roundrobin\"").expect("eager");
+    let e = run_check("\"partition.assignment.strategy\" = \"sticky\"").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: kafka.properties.partition.assignment.strategy: \"sticky\" is \
+         not an assignment strategy (range, roundrobin or cooperative-sticky)"
+    );
+    // From the environment the key arrives with underscores.
+    let e = run_check("partition_assignment_strategy = \"cooperative-sticky,range\"").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: kafka.properties.partition_assignment_strategy: \
+         \"cooperative-sticky,range\" mixes cooperative-sticky with eager strategies; librdkafka \
+         takes one protocol only (see the README on switching a group to cooperative-sticky)"
+    );
+}
+
+#[test]
 fn short_or_placeholder_admin_tokens_are_refused_naming_the_key() {
     let with_token = |token: &str| {
         Settings::from_toml(

@@ -16,15 +16,21 @@
 //!   and how many triggers wait;
 //! - offsets are stored as they advance (auto-commit sends them) and
 //!   committed synchronously at shutdown;
-//! - a revoke (in librdkafka's callback, before the partitions are given
-//!   up) cancels the partitions' jobs and waits, up to the drain timeout,
-//!   for the POSTs already under way to write their status, so the next
-//!   owner does not send them again.
+//! - a revoke cancels the partitions' jobs and waits, up to the drain
+//!   timeout, for the POSTs already under way to write their status before
+//!   the partitions are given up, so the next owner does not send them
+//!   again. Under the eager protocol (every partition is revoked) the wait
+//!   happens in librdkafka's rebalance callback; under the cooperative one
+//!   (`partition.assignment.strategy = "cooperative-sticky"`, only some
+//!   partitions move) the callback returns at once, the loop keeps serving
+//!   the work it holds for the partitions it keeps, and it gives the revoked
+//!   ones up (`incremental_unassign`) once their POSTs wrote their status:
+//!   see [`SidecarContext::rebalance`].
 
 pub mod offsets;
 pub mod schedule;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,12 +39,13 @@ use std::time::{Duration, Instant};
 use futures::{FutureExt, StreamExt};
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol, StreamConsumer,
 };
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::statistics::Statistics;
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio::time::Instant as TokioInstant;
@@ -100,7 +107,25 @@ impl ConsumerHealth {
 
 enum GroupEvent {
     Assign(Vec<i32>),
-    Revoke(Vec<i32>),
+    /// `hand_off`: the partitions are still librdkafka's to fetch; the loop
+    /// gives them up once their POSTs under way wrote their status
+    /// (cooperative protocol). Otherwise they are already given up.
+    Revoke {
+        parts: Vec<i32>,
+        hand_off: bool,
+    },
+}
+
+/// The revoked partitions of a cooperative rebalance, ready to be given up:
+/// their POSTs under way wrote their status, or the wait ended.
+struct HandOff {
+    parts: Vec<i32>,
+    /// POSTs under way when the wait began, and still when it ended.
+    busy: usize,
+    left: usize,
+    waited: Duration,
+    /// The wait ended because the sidecar is stopping (its drain waits).
+    stopped: bool,
 }
 
 /// The leases of the assigned partitions, shared with the rebalance callback.
@@ -173,19 +198,36 @@ impl SidecarContext {
                 })
                 .sum()
         });
-        let held = &self.metrics.revoke_held_requests_total;
-        held.with_label_values(&["written"])
-            .inc_by(busy.saturating_sub(left) as u64);
-        held.with_label_values(&["given_up"]).inc_by(left as u64);
-        if left > 0 {
-            warn!(
-                requests = left,
-                waited = ?started.elapsed(),
-                "revoke: requests still in flight after the drain timeout; the next owner may send them again"
-            );
-        } else {
-            info!(waited = ?started.elapsed(), "revoke: requests in flight finished; partitions given up");
+        count_held(&self.metrics, busy, left, started.elapsed());
+    }
+
+    /// Cancels the leases of `parts`: from here on none of their jobs
+    /// starts a POST.
+    fn cancel(&self, parts: &[i32]) {
+        let map = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        for lease in parts.iter().filter_map(|p| map.get(p)) {
+            lease.cancel();
         }
+    }
+}
+
+/// Counts and logs what a revoke's wait for the POSTs under way achieved.
+fn count_held(metrics: &Metrics, busy: usize, left: usize, waited: Duration) {
+    let held = &metrics.revoke_held_requests_total;
+    held.with_label_values(&["written"])
+        .inc_by(busy.saturating_sub(left) as u64);
+    held.with_label_values(&["given_up"]).inc_by(left as u64);
+    if left > 0 {
+        warn!(
+            requests = left,
+            ?waited,
+            "revoke: requests still in flight after the drain timeout; the next owner may send them again"
+        );
+    } else {
+        info!(
+            ?waited,
+            "revoke: requests in flight finished; partitions given up"
+        );
     }
 }
 
@@ -235,27 +277,107 @@ impl ClientContext for SidecarContext {
 }
 
 impl ConsumerContext for SidecarContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(tpl) = rebalance {
-            let parts = self.partitions(tpl);
-            for p in &parts {
-                let _ = self
-                    .metrics
-                    .consumer_lag
-                    .remove_label_values(&[&p.to_string()]);
-            }
-            self.finish_running_posts(&parts, consumer.assignment_lost());
-            let _ = self.events.send(GroupEvent::Revoke(parts));
-        }
-    }
-
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Assign(tpl) => {
+    /// Replaces rust-rdkafka's default (which assigns and unassigns inside
+    /// the callback, incrementally under the cooperative protocol) for one
+    /// case: a cooperative revoke that is not a loss and not the close.
+    /// Then the callback only cancels the revoked partitions' leases and
+    /// returns; the loop keeps serving what it holds for the partitions
+    /// this member keeps (jobs end and commit, rows read start, retry waits
+    /// go on, liveness beats), waits (off the loop, up to the drain
+    /// timeout) for the revoked partitions' POSTs under way to write their
+    /// status, and only then calls `incremental_unassign` (librdkafka allows
+    /// it outside the callback; the member rejoins, and the partitions
+    /// reach their next owner, only after it). Offsets stored for them are
+    /// committed by librdkafka as it removes them (auto-commit).
+    ///
+    /// librdkafka pauses fetching of every assigned partition from the
+    /// moment it hands a cooperative revoke to the application until the
+    /// unassign (`rdkafka_cgrp.c`, "incremental rebalance"), and drops what
+    /// it had prefetched: new messages of the kept partitions wait for the
+    /// hand-off, wherever the wait runs.
+    ///
+    /// Under the eager protocol every partition is revoked, so there is
+    /// nothing to keep serving: the wait stays in the callback, which
+    /// blocks the loop (and its liveness beat) for up to the drain timeout.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let protocol = if cooperative { "cooperative" } else { "eager" };
+        let count = |kind: &str| {
+            self.metrics
+                .consumer_rebalances_total
+                .with_label_values(&[protocol, kind])
+                .inc();
+        };
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                count("assign");
+                let taken = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                if let Err(e) = taken {
+                    error!(error = %e, protocol, "cannot take the assigned partitions");
+                }
                 let _ = self.events.send(GroupEvent::Assign(self.partitions(tpl)));
             }
-            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
-            Rebalance::Revoke(_) => {}
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let parts = self.partitions(tpl);
+                let lost = consumer.assignment_lost();
+                count(if lost { "lost" } else { "revoke" });
+                for p in &parts {
+                    let _ = self
+                        .metrics
+                        .consumer_lag
+                        .remove_label_values(&[&p.to_string()]);
+                }
+                if cooperative && !lost && !self.closing.load(Ordering::Relaxed) {
+                    self.cancel(&parts);
+                    info!(
+                        partitions = ?parts,
+                        "partitions revoked (cooperative): the kept ones go on; these are given up \
+                         once their requests in flight wrote their status"
+                    );
+                    let _ = self.events.send(GroupEvent::Revoke {
+                        parts,
+                        hand_off: true,
+                    });
+                    return;
+                }
+                self.finish_running_posts(&parts, lost);
+                let given_up = if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
+                if let Err(e) = given_up {
+                    error!(error = %e, protocol, "cannot give the revoked partitions up");
+                }
+                let _ = self.events.send(GroupEvent::Revoke {
+                    parts,
+                    hand_off: false,
+                });
+            }
+            other => {
+                warn!(error = %RDKafkaErrorCode::from(other), protocol, "rebalance error");
+                // librdkafka: after an error the assignment must be synchronised.
+                let synced = if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
+                if let Err(e) = synced {
+                    error!(error = %e, protocol, "cannot synchronise the assignment after a rebalance error");
+                }
+            }
         }
     }
 }
@@ -321,6 +443,11 @@ pub struct Pipeline {
     drain_timeout: Duration,
     leases: Leases,
     closing: Arc<AtomicBool>,
+    /// Cooperative revokes whose POSTs under way are being waited for.
+    hand_offs: mpsc::UnboundedSender<HandOff>,
+    hand_offs_rx: mpsc::UnboundedReceiver<HandOff>,
+    /// Their partitions: revoked, not yet given up.
+    handing_off: Mutex<BTreeSet<i32>>,
 }
 
 impl Drop for Pipeline {
@@ -381,6 +508,7 @@ impl Pipeline {
         let consumer: StreamConsumer<SidecarContext> = client_config(settings)
             .create_with_context(context)
             .map_err(ConsumerError::Create)?;
+        let (hand_offs, hand_offs_rx) = mpsc::unbounded_channel();
         consumer
             .subscribe(&[&settings.topic])
             .map_err(|source| ConsumerError::Subscribe {
@@ -417,6 +545,9 @@ impl Pipeline {
             drain_timeout,
             leases,
             closing,
+            hand_offs,
+            hand_offs_rx,
+            handing_off: Mutex::default(),
         })
     }
 
@@ -442,6 +573,7 @@ impl Pipeline {
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The group events are read while the stream borrows the consumer.
         let mut events = std::mem::replace(&mut self.events, mpsc::unbounded_channel().1);
+        let mut hand_offs = std::mem::replace(&mut self.hand_offs_rx, mpsc::unbounded_channel().1);
         let consumer = &self.consumer;
         let mut stream = consumer.stream();
         loop {
@@ -464,6 +596,7 @@ impl Pipeline {
                 Some(ev) = events.recv() => {
                     self.group_event(&mut sched, ev);
                 }
+                Some(h) = hand_offs.recv() => self.give_up(h),
                 Some(done) = replies.done_rx.recv() => {
                     let now = TokioInstant::now();
                     sched.job_ended(done.id, done.serial, &done.pos, done.end.finishes_message(), now);
@@ -500,9 +633,14 @@ impl Pipeline {
         match ev {
             GroupEvent::Assign(parts) => {
                 {
+                    // Incremental under the cooperative protocol: the
+                    // partitions already held keep their lease (and jobs).
                     let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
                     for &p in &parts {
-                        leases.insert(p, Arc::new(Lease::new()));
+                        let lease = leases.entry(p).or_default();
+                        if lease.is_cancelled() {
+                            *lease = Arc::new(Lease::new());
+                        }
                         info!(partition = p, "partition assigned");
                     }
                 }
@@ -514,16 +652,99 @@ impl Pipeline {
                     self.apply_flow(sched, flow);
                 }
             }
-            GroupEvent::Revoke(parts) => {
-                {
+            GroupEvent::Revoke { parts, hand_off } => {
+                let revoked: Vec<Arc<Lease>> = {
                     let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
-                    for p in &parts {
-                        if let Some(lease) = leases.remove(p) {
-                            lease.cancel();
-                        }
-                    }
+                    parts.iter().filter_map(|p| leases.remove(p)).collect()
+                };
+                for lease in &revoked {
+                    lease.cancel();
                 }
                 sched.revoke(&parts);
+                if hand_off {
+                    self.hand_off(parts, revoked);
+                }
+            }
+        }
+    }
+
+    /// Waits, off the loop and up to the drain timeout, for the POSTs under
+    /// way of cooperatively revoked partitions to write their status, then
+    /// reports back to the loop, which gives the partitions up.
+    fn hand_off(&self, parts: Vec<i32>, leases: Vec<Arc<Lease>>) {
+        self.handing_off
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(&parts);
+        let busy: usize = leases.iter().map(|l| l.busy()).sum();
+        let tx = self.hand_offs.clone();
+        if busy == 0 {
+            let _ = tx.send(HandOff {
+                parts,
+                busy,
+                left: 0,
+                waited: Duration::ZERO,
+                stopped: false,
+            });
+            return;
+        }
+        info!(
+            partitions = ?parts,
+            requests = busy,
+            "partitions revoked: waiting for their requests in flight to write their status"
+        );
+        let closing = self.closing.clone();
+        let limit = self.drain_timeout;
+        // The leases' wait blocks a thread: one of the blocking pool's.
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let deadline = started + limit;
+            // Shutdown ends the wait: the drain then waits for the same POSTs.
+            let stop = || closing.load(Ordering::Relaxed);
+            let left = leases
+                .iter()
+                .map(|l| {
+                    l.revoke_and_wait(deadline.saturating_duration_since(Instant::now()), stop)
+                })
+                .sum();
+            let _ = tx.send(HandOff {
+                parts,
+                busy,
+                left,
+                waited: started.elapsed(),
+                stopped: stop(),
+            });
+        });
+    }
+
+    /// Gives cooperatively revoked partitions up: librdkafka commits their
+    /// stored offsets, and the member rejoins so they reach their next owner.
+    fn give_up(&self, h: HandOff) {
+        if h.busy > 0 && !h.stopped {
+            count_held(&self.metrics, h.busy, h.left, h.waited);
+        }
+        {
+            let mut handing_off = self.handing_off.lock().unwrap_or_else(|e| e.into_inner());
+            for p in &h.parts {
+                handing_off.remove(p);
+            }
+        }
+        self.unassign(&h.parts);
+    }
+
+    fn unassign(&self, parts: &[i32]) {
+        let mut tpl = TopicPartitionList::new();
+        for &p in parts {
+            tpl.add_partition(&self.topic, p);
+            let _ = self
+                .metrics
+                .consumer_lag
+                .remove_label_values(&[&p.to_string()]);
+        }
+        match self.consumer.incremental_unassign(&tpl) {
+            Ok(()) => info!(partitions = ?parts, "revoked partitions given up"),
+            Err(e) => {
+                warn!(error = %e, partitions = ?parts, "cannot give the revoked partitions up")
             }
         }
     }
@@ -748,6 +969,14 @@ impl Pipeline {
                     break;
                 }
             }
+        }
+        // Cooperative revokes still waiting end with the drain's wait.
+        let handing_off: Vec<i32> =
+            std::mem::take(&mut *self.handing_off.lock().unwrap_or_else(|e| e.into_inner()))
+                .into_iter()
+                .collect();
+        if !handing_off.is_empty() {
+            self.unassign(&handing_off);
         }
         let mut tpl = TopicPartitionList::new();
         for (p, next) in sched.commits() {

@@ -245,9 +245,14 @@ impl Scheduler {
     // ---- the group ----
 
     /// Partitions assigned: each starts a new generation. Returns whether
-    /// fetching must be resumed (an assignment starts unpaused).
+    /// fetching must be resumed (an assignment starts unpaused). Under the
+    /// cooperative protocol an assignment is incremental: a partition
+    /// already held keeps its generation, offsets and jobs.
     pub fn assign(&mut self, parts: &[i32]) -> Option<Flow> {
         for &p in parts {
+            if self.partitions.contains_key(&p) {
+                continue;
+            }
             let generation = self.next_generation;
             self.next_generation += 1;
             self.partitions.insert(

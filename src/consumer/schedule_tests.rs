@@ -328,6 +328,51 @@ fn a_message_of_an_earlier_assignment_moves_no_offset_of_the_next() {
 }
 
 #[test]
+fn an_incremental_assign_keeps_the_partitions_already_held() {
+    let mut h = Harness::new(4);
+    let pos = h.message(0, &trig(1, 0, 0));
+    h.answer(vec![pending(1)]);
+    let job = h.s.take_starts(0).remove(0);
+    // Cooperative: partition 2 is added; 0 and 1 stay as they are (an
+    // assign of a partition already held changes nothing either).
+    h.s.assign(&[2]);
+    h.s.assign(&[0]);
+    assert_eq!(h.s.partitions().len(), 3);
+    assert_eq!(
+        h.s.begin(0, 1).map(|p| p.generation),
+        Some(pos.generation),
+        "partition 0 keeps its generation"
+    );
+    h.s.job_ended(1, job.serial, &pos, true, h.now);
+    assert_eq!(
+        h.commit(0),
+        Some(1),
+        "the running job's end still finishes its message"
+    );
+}
+
+#[test]
+fn an_incremental_revoke_leaves_the_kept_partitions_alone() {
+    let mut h = Harness::new(4);
+    let pos = h.message(0, &trig(1, 0, 0));
+    let other = h.s.begin(1, 0).unwrap();
+    h.s.trigger(&trig(2, 0, 0), other);
+    for read in h.s.take_reads(h.now) {
+        let rows = read.ids.iter().map(|&id| pending(id)).collect();
+        h.s.rows_read(read.ticket, Ok(rows), h.now);
+    }
+    let starts = h.s.take_starts(0);
+    assert_eq!(starts.len(), 2);
+    h.s.revoke(&[1]);
+    assert_eq!(h.s.partitions(), vec![0]);
+    assert!(h.s.begin(1, 1).is_none(), "partition 1 is no longer read");
+    let kept = starts.iter().find(|s| s.row.id == 1).unwrap();
+    h.s.job_ended(1, kept.serial, &pos, true, h.now);
+    assert_eq!(h.commit(0), Some(1), "partition 0 commits as before");
+    assert_eq!(h.commit(1), None);
+}
+
+#[test]
 fn a_revoke_drops_what_waits_and_a_late_job_end_is_harmless() {
     let mut h = Harness::new(1);
     let p1 = h.message(0, &trig(1, 0, 0));

@@ -394,6 +394,30 @@ fn configmap_loads_with_the_deployments_environment_and_the_sidecars_loader() {
     assert!(Settings::from_toml(Some(&configmap_toml()), BTreeMap::new()).is_err());
 }
 
+/// Issue #17: a rollout moves only the partitions that change owner
+/// (cooperative-sticky), and a restarted container takes its own back
+/// (static membership from the pod name).
+#[test]
+fn the_shipped_group_rebalances_cooperatively_with_static_members() {
+    let settings = deployed_settings();
+    let property = |name: &str| {
+        settings
+            .kafka
+            .properties
+            .iter()
+            .find(|(k, _)| outbox_sidecar::config::property_name(k) == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        property("partition.assignment.strategy").as_deref(),
+        Some("cooperative-sticky")
+    );
+    assert!(
+        property("group.instance.id").is_some(),
+        "the Deployment sets no group.instance.id"
+    );
+}
+
 #[test]
 fn pods_run_the_cli_commands_with_the_configmap_as_their_file() {
     let pod = deployment_pod();

@@ -15,6 +15,7 @@
 
 mod broker;
 pub mod check;
+mod cooperative;
 mod crash;
 mod database;
 mod http;

@@ -16,6 +16,7 @@
 //! rows. TRUNCATE is not emitted (`skipped.operations` defaults to `t`) and
 //! heartbeats go to their own topic, so neither reaches the table's topic.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,6 +43,8 @@ pub struct ChangeFeed {
     pub topic: String,
     producer: FutureProducer,
     pub published: Arc<Mutex<Vec<Published>>>,
+    /// The partition each id's change events went to (keyed by id, so one).
+    partitions: Arc<Mutex<HashMap<i64, i32>>>,
     task: JoinHandle<()>,
 }
 
@@ -152,10 +155,12 @@ CREATE TRIGGER outbox_cdc AFTER INSERT OR UPDATE OR DELETE ON outbox_events
             .create()
             .expect("feed: producer");
         let published = Arc::new(Mutex::new(Vec::new()));
+        let partitions = Arc::new(Mutex::new(HashMap::new()));
         let task = {
             let producer = producer.clone();
             let topic = topic.to_owned();
             let published = published.clone();
+            let partitions = partitions.clone();
             tokio::spawn(async move {
                 while let Ok(n) = listener.recv().await {
                     let Ok(mut change) = serde_json::from_str::<Value>(n.payload()) else {
@@ -176,7 +181,8 @@ CREATE TRIGGER outbox_cdc AFTER INSERT OR UPDATE OR DELETE ON outbox_events
                     };
                     let id = row["id"].as_i64().unwrap_or_default();
                     let value = envelope(op, &change["before"], &change["after"], "outbox_events");
-                    send(&producer, &topic, id, Some(&value)).await;
+                    let partition = send(&producer, &topic, id, Some(&value)).await;
+                    partitions.lock().unwrap().insert(id, partition);
                     published.lock().unwrap().push(Published {
                         id,
                         op: op.to_owned(),
@@ -190,6 +196,7 @@ CREATE TRIGGER outbox_cdc AFTER INSERT OR UPDATE OR DELETE ON outbox_events
             topic: topic.to_owned(),
             producer,
             published,
+            partitions,
             task,
         }
     }
@@ -207,6 +214,7 @@ CREATE TRIGGER outbox_cdc AFTER INSERT OR UPDATE OR DELETE ON outbox_events
             topic: topic.to_owned(),
             producer,
             published: Arc::new(Mutex::new(Vec::new())),
+            partitions: Arc::default(),
             task: tokio::spawn(async {}),
         }
     }
@@ -237,11 +245,18 @@ CREATE TRIGGER outbox_cdc AFTER INSERT OR UPDATE OR DELETE ON outbox_events
             "updated_at": row.updated_at.format("%Y-%m-%dT%H:%M:%S%.f").to_string(),
         });
         let value = envelope("u", &Value::Null, &as_trigger, "outbox_events");
-        send(&self.producer, &self.topic, row.id, Some(&value)).await;
+        let partition = send(&self.producer, &self.topic, row.id, Some(&value)).await;
+        self.partitions.lock().unwrap().insert(row.id, partition);
     }
 
     pub fn published(&self) -> Vec<Published> {
         self.published.lock().unwrap().clone()
+    }
+
+    /// The partition the change events of row `id` went to, once published.
+    #[allow(dead_code)]
+    pub fn partition_of(&self, id: i64) -> Option<i32> {
+        self.partitions.lock().unwrap().get(&id).copied()
     }
 }
 
@@ -261,15 +276,17 @@ async fn unspill(db: &sea_orm::DatabaseConnection, seq: i64) -> Value {
     serde_json::from_str(&text).expect("feed: spilled change is JSON")
 }
 
-async fn send(producer: &FutureProducer, topic: &str, id: i64, value: Option<&Value>) {
+/// Produces one change event keyed by `id`; returns its partition.
+async fn send(producer: &FutureProducer, topic: &str, id: i64, value: Option<&Value>) -> i32 {
     let key = json!({ "id": id }).to_string();
     let value = value.map(|v| v.to_string());
     let mut record = FutureRecord::to(topic).key(&key);
     if let Some(v) = &value {
         record = record.payload(v);
     }
-    if let Err((e, _)) = producer.send(record, Duration::from_secs(10)).await {
-        panic!("feed: produce: {e}");
+    match producer.send(record, Duration::from_secs(10)).await {
+        Ok(delivery) => delivery.partition,
+        Err((e, _)) => panic!("feed: produce: {e}"),
     }
 }
 
