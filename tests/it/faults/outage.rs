@@ -157,7 +157,10 @@ async fn accounts_down_without_the_breaker_fails_then_a_filtered_resend_sends_al
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_during_a_burst_restart_while_paused_then_resume() {
-    let receiver = Receiver::accepting().await;
+    // 50 ms a request, 4 at a time: the burst takes seconds to send, so the
+    // pause lands in the middle of it however loaded the machine is.
+    let receiver =
+        Receiver::start(|_| ResponseTemplate::new(200).set_delay(Duration::from_millis(50))).await;
     let mut t = prepare(
         Options {
             max_in_flight: 4,
