@@ -202,8 +202,9 @@ pub struct EventView {
     pub sent_at: Option<chrono::NaiveDateTime>,
     pub created_at: chrono::NaiveDateTime,
     pub updated_at: chrono::NaiveDateTime,
+    /// The payload's JSON as stored, unchanged (not re-serialised).
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub payload: Option<serde_json::Value>,
+    pub payload: Option<entity::Payload>,
 }
 
 impl EventView {

@@ -9,8 +9,9 @@ pub struct Model {
     #[sea_orm(primary_key)]
     pub id: i64,
     pub event_name: String,
+    /// The column's JSON text as the database returns it (see [`Payload`]).
     #[sea_orm(column_type = "JsonBinary")]
-    pub payload: Json,
+    pub payload: Payload,
     pub status: Status,
     pub attempts: i32,
     #[sea_orm(column_type = "Text", nullable)]
@@ -18,6 +19,75 @@ pub struct Model {
     pub sent_at: Option<DateTime>,
     pub created_at: DateTime,
     pub updated_at: DateTime,
+}
+
+/// The payload column as text, exactly as the database returns it: the
+/// bytes sent as the request body. It is never parsed into a value and
+/// serialised again, which would change what the application wrote
+/// (`1.10` → `1.1`, a 30-digit integer → a float, keys re-sorted).
+///
+/// The sidecar reads it as text (`payload::text` on PostgreSQL: a `json`
+/// or `text` column's text as inserted, a `jsonb` column's normalised
+/// text); whether the text is JSON is checked only where it is sent or
+/// shown.
+#[derive(Clone, Debug, PartialEq, Eq, Default, DeriveValueType)]
+pub struct Payload(pub String);
+
+impl Payload {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The text as raw JSON, or why it is not JSON (a `text` column can
+    /// hold anything).
+    pub fn raw_json(&self) -> Result<&serde_json::value::RawValue, serde_json::Error> {
+        serde_json::from_str(&self.0)
+    }
+}
+
+impl From<String> for Payload {
+    fn from(s: String) -> Self {
+        Payload(s)
+    }
+}
+
+impl From<&serde_json::Value> for Payload {
+    fn from(v: &serde_json::Value) -> Self {
+        Payload(v.to_string())
+    }
+}
+
+impl std::fmt::Display for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Serialised as the JSON it holds, unchanged; text that is not JSON as a
+/// JSON string (the output stays valid JSON).
+impl Serialize for Payload {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.raw_json() {
+            Ok(raw) => raw.serialize(s),
+            Err(_) => s.serialize_str(&self.0),
+        }
+    }
+}
+
+/// Keeps the JSON text it is given, unchanged.
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = Box::<serde_json::value::RawValue>::deserialize(d)?;
+        Ok(Payload(raw.get().to_owned()))
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, EnumIter, DeriveRelation)]

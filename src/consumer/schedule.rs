@@ -757,22 +757,10 @@ impl Scheduler {
     }
 }
 
-/// A payload's size as held in memory, estimated from its JSON text length
-/// (a walk of the value, no serialisation).
-pub fn payload_bytes(v: &serde_json::Value) -> usize {
-    use serde_json::Value;
-    match v {
-        Value::Null | Value::Bool(_) => 8,
-        Value::Number(_) => 16,
-        Value::String(s) => s.len() + 24,
-        Value::Array(a) => 24 + a.iter().map(payload_bytes).sum::<usize>(),
-        Value::Object(o) => {
-            48 + o
-                .iter()
-                .map(|(k, v)| k.len() + 24 + payload_bytes(v))
-                .sum::<usize>()
-        }
-    }
+/// A payload's size as held in memory: its text (kept as read, never
+/// parsed) and the string's header.
+pub fn payload_bytes(p: &entity::Payload) -> usize {
+    p.len() + 24
 }
 
 fn read_bytes(r: &RowRead) -> usize {

@@ -13,6 +13,7 @@ mod harness;
 mod operations;
 mod pipeline;
 mod process;
+mod shapes;
 mod slow_clients;
 mod store;
 mod tls;
