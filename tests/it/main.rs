@@ -11,6 +11,7 @@ mod deploy;
 mod faults;
 mod harness;
 mod operations;
+mod pg_tls;
 mod pipeline;
 mod process;
 mod shapes;
