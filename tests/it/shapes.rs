@@ -180,6 +180,17 @@ async fn json_column_payload_is_sent_byte_for_byte_postgres() {
     let ddl = pg_table("json", "integer", "timestamp(6)");
     let (mut t, id, body) = one_exact_event(Backend::Postgres, &ddl, "json").await;
     assert_eq!(show(&body), EXACT);
+    // The admin API embeds the same text, not a re-serialised value.
+    let shown = reqwest::Client::new()
+        .get(t.api_url(&format!("/admin/events/{id}")))
+        .bearer_auth(t.opts.admin_token.unwrap())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(shown.contains(&format!(r#""payload":{EXACT}"#)), "{shown}");
     // Whitespace and escapes are the application's too.
     let spaced = "{ \"z\" : \"\\u00e9\",\n  \"a\" : [1.0, 2e3] }";
     let id2 = insert_text(&t, spaced, "json").await;
