@@ -156,3 +156,41 @@ impl std::str::FromStr for Status {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Payload;
+
+    const EXACT: &str = r#"{"b":1,"a":1.10,"n":123456789012345678901234567890}"#;
+
+    #[test]
+    fn payload_serialises_as_the_json_it_holds() {
+        let p = Payload(EXACT.to_owned());
+        assert_eq!(serde_json::to_string(&p).unwrap(), EXACT);
+        #[derive(serde::Serialize)]
+        struct View<'a> {
+            id: i64,
+            payload: &'a Payload,
+        }
+        let view = serde_json::to_string(&View { id: 7, payload: &p }).unwrap();
+        assert_eq!(view, format!(r#"{{"id":7,"payload":{EXACT}}}"#));
+    }
+
+    #[test]
+    fn text_that_is_not_json_serialises_as_a_string() {
+        let p = Payload("{not json".to_owned());
+        assert!(p.raw_json().is_err());
+        assert_eq!(serde_json::to_string(&p).unwrap(), r#""{not json""#);
+    }
+
+    #[test]
+    fn payload_deserialises_keeping_the_text() {
+        let doc = format!(r#"{{"payload": {EXACT} }}"#);
+        #[derive(serde::Deserialize)]
+        struct View {
+            payload: Payload,
+        }
+        let v: View = serde_json::from_str(&doc).unwrap();
+        assert_eq!(v.payload.as_str(), EXACT);
+    }
+}
