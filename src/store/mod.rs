@@ -383,8 +383,9 @@ impl Store {
     /// PostgreSQL `attempts` as `integer` and the timestamps as `timestamp`
     /// (a `timestamptz` in UTC: sqlx opens every session with
     /// `TimeZone=UTC`, which also makes the UTC values written into a
-    /// `timestamptz` column the right instants); on MySQL the timestamps as
-    /// `DATETIME(6)` (a `timestamp` column in the session's UTC).
+    /// `timestamptz` column the right instants); on MySQL `attempts` as
+    /// `SIGNED` and the timestamps as `DATETIME(6)` (a `timestamp` column
+    /// in the session's UTC).
     fn select_rows(&self) -> SelectStatement {
         let mut stmt = Query::select();
         stmt.columns([Column::Id, Column::EventName]);
@@ -408,7 +409,9 @@ impl Store {
         } else if self.backend() == DbBackend::MySql {
             // sqlx reads a MySQL `timestamp` column only as DateTime<Utc>;
             // its value is UTC (sqlx sets the session's time_zone to UTC).
-            stmt.columns([Column::Attempts, Column::LastError]);
+            // An unsigned attempts column reads as signed.
+            cast(&mut stmt, Column::Attempts, "SIGNED");
+            stmt.column(Column::LastError);
             for column in [Column::SentAt, Column::CreatedAt, Column::UpdatedAt] {
                 cast(&mut stmt, column, "DATETIME(6)");
             }
