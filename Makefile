@@ -4,7 +4,7 @@ CARGO ?= cargo
 DBZ_VENV ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/dbz-venv
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: help demo run migrate test test-faults test-debezium dbz-venv browser lint fmt bench bench-decode bench-pipeline build clean
+.PHONY: help demo run migrate test test-faults test-debezium dbz-venv browser lint fmt bench bench-decode bench-pipeline bench-memory build clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ bench-decode: ## The decoder alone (criterion)
 
 bench-pipeline: ## The whole pipeline against the limits of its parts, measured in the same run
 	$(CARGO) bench --locked -p outbox-sidecar --bench pipeline -- $(BENCH_ARGS)
+
+bench-memory: ## Peak RSS draining 5,000 events of 200 KB payloads, against the shipped memory limit
+	$(CARGO) bench --locked -p outbox-sidecar --bench pipeline -- --memory $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -216,8 +216,9 @@ pub struct EventView {
     pub sent_at: Option<chrono::NaiveDateTime>,
     pub created_at: chrono::NaiveDateTime,
     pub updated_at: chrono::NaiveDateTime,
+    /// The payload's JSON as stored, unchanged (not re-serialised).
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub payload: Option<serde_json::Value>,
+    pub payload: Option<entity::Payload>,
     /// `GET /admin/events/{id}`: the attempt log, oldest first (each
     /// attempt and each resend). Named so as not to clash with R-004's
     /// `attempts` count.

@@ -397,7 +397,7 @@ pub fn render_event(row: &OutboxEventRow, history: &[Record], logged: bool) -> S
         "  sent_at     {}",
         row.sent_at.as_ref().map(time).unwrap_or_else(|| "-".into())
     );
-    let payload = serde_json::to_string_pretty(&row.payload).unwrap_or_default();
+    let payload = row.payload.pretty();
     let _ = writeln!(
         s,
         "  payload     {}",

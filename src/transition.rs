@@ -71,7 +71,7 @@ mod tests {
         OutboxEventRow {
             id: 1,
             event_name: "accounts.purchase_create".into(),
-            payload: serde_json::json!({}),
+            payload: "{}".to_owned().into(),
             status,
             attempts,
             last_error: None,

@@ -304,8 +304,7 @@ pub fn event(
     attempts: &[AttemptView],
     notice: Option<&str>,
 ) -> Markup {
-    let payload =
-        serde_json::to_string_pretty(&row.payload).unwrap_or_else(|_| row.payload.to_string());
+    let payload = row.payload.pretty();
     layout(
         &format!("Event {}", row.id),
         Some(session),
@@ -500,7 +499,7 @@ mod tests {
         OutboxEventRow {
             id: 7,
             event_name: "accounts.purchase_create".into(),
-            payload: serde_json::json!({"note": "<b>x</b>"}),
+            payload: entity::Payload::from(&serde_json::json!({"note": "<b>x</b>"})),
             status,
             attempts: 3,
             last_error: last_error.map(str::to_owned),

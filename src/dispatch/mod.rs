@@ -107,17 +107,17 @@ impl Dispatcher {
         &self.name
     }
 
-    /// POSTs the row's payload; `attempt` is 1-based.
+    /// POSTs the row's payload, its text byte for byte; `attempt` is
+    /// 1-based. A payload that is not JSON (a `text` column can hold
+    /// anything) is not sent: the attempt fails with the parser's reason.
     pub async fn send(&self, row: &OutboxEventRow, attempt: i32) -> Delivery {
-        let body = match serde_json::to_vec(&row.payload) {
-            Ok(b) => b,
-            Err(e) => {
-                return Delivery::Failed {
-                    error: format!("payload is not serialisable: {e}"),
-                    status: None,
-                }
-            }
-        };
+        if let Err(e) = row.payload.raw_json() {
+            return Delivery::Failed {
+                error: format!("payload is not valid JSON, not sent: {e}"),
+                status: None,
+            };
+        }
+        let body = row.payload.as_str().to_owned();
         let mut headers = self.headers.clone();
         insert(&mut headers, "idempotency-key", &row.id.to_string());
         insert(&mut headers, "outbox-event-name", &row.event_name);

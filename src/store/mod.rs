@@ -227,6 +227,59 @@ pub fn truncate_error_to(error: &str, max_chars: Option<usize>) -> String {
     format!("{}{marker}", &error[..end])
 }
 
+/// rustls is built here with two crypto providers (ring and aws-lc-rs,
+/// wanted by different dependencies), so neither is the process default,
+/// and sqlx's `sslmode=verify-ca` asks rustls for the default: without one
+/// it panics. Installs aws-lc-rs (what reqwest uses) unless a provider is
+/// installed already; every connection to the database comes through here.
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Lost a race with another thread: one is installed, which is enough.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    }
+}
+
+/// The driver's reason, and for a certificate the server presented that
+/// failed verification (`sslmode=verify-ca` / `verify-full`), what to
+/// change in `database.url`.
+fn connect_message(url: &str, err: &DbErr) -> String {
+    let message = err.to_string();
+    let query = |key: &str| {
+        url::Url::parse(url).ok().and_then(|u| {
+            u.query_pairs()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.into_owned())
+        })
+    };
+    let root = query("sslrootcert");
+    let hint = if message.contains("UnknownIssuer") || message.contains("unknown issuer") {
+        Some(match &root {
+            Some(path) => format!(
+                "the server's certificate is not signed by the CA in sslrootcert={path} \
+                 (database.url): point sslrootcert at the CA that signed it"
+            ),
+            None => "the server's certificate is not signed by a CA the sidecar trusts: \
+                     set sslrootcert=/path/to/ca.pem in database.url to the CA that signed it"
+                .to_owned(),
+        })
+    } else if message.contains("NotValidForName") || message.contains("not valid for name") {
+        let host = url::Url::parse(url)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .unwrap_or_default();
+        Some(format!(
+            "the server's certificate does not name the host {host:?} (sslmode=verify-full): \
+             connect to a host name the certificate names, or use sslmode=verify-ca"
+        ))
+    } else {
+        None
+    };
+    match hint {
+        Some(hint) => format!("{message}; {hint}"),
+        None => message,
+    }
+}
+
 impl Store {
     /// Opens a pool; `sqlite:` URLs get `mode=rwc` so a new file is created.
     pub async fn connect(
@@ -235,6 +288,7 @@ impl Store {
         max_connections: u32,
         connect_timeout: Duration,
     ) -> Result<Self, StoreError> {
+        install_crypto_provider();
         let mut opts = ConnectOptions::new(url.to_owned());
         opts.max_connections(max_connections)
             .min_connections(0)
@@ -245,7 +299,7 @@ impl Store {
             .await
             .map_err(|e| StoreError::Connect {
                 url: crate::config::secret_free_url(url),
-                message: e.to_string(),
+                message: connect_message(url, &e),
             })?;
         let mut store = Self::new(db, table);
         store.learn_columns().await;
@@ -423,21 +477,55 @@ impl Store {
         self.db.ping().await.map_err(db_err("pinging the database"))
     }
 
+    /// The row's columns, each read as the entity's type whatever shape
+    /// the table has (see [`shape`]): the payload as its text, never parsed
+    /// (PostgreSQL `payload::text` of a `json`, `jsonb` or `text` column;
+    /// MySQL `CAST(payload AS CHAR)`, a JSON column's text as stored); on
+    /// PostgreSQL `attempts` as `integer` and the timestamps as `timestamp`
+    /// (a `timestamptz` in UTC: sqlx opens every session with
+    /// `TimeZone=UTC`, which also makes the UTC values written into a
+    /// `timestamptz` column the right instants); on MySQL `attempts` as
+    /// `SIGNED` and the timestamps as `DATETIME(6)` (a `timestamp` column
+    /// in the session's UTC).
     fn select_rows(&self) -> SelectStatement {
-        Query::select()
-            .columns([
-                Column::Id,
-                Column::EventName,
-                Column::Payload,
-                Column::Status,
+        let mut stmt = Query::select();
+        stmt.columns([Column::Id, Column::EventName]);
+        let cast = |stmt: &mut SelectStatement, column: Column, to: &str| {
+            stmt.expr_as(Expr::col(column).cast_as(Alias::new(to)), column);
+        };
+        match self.backend() {
+            DbBackend::Postgres => cast(&mut stmt, Column::Payload, "text"),
+            DbBackend::MySql => cast(&mut stmt, Column::Payload, "CHAR"),
+            _ => {
+                stmt.column(Column::Payload);
+            }
+        }
+        stmt.column(Column::Status);
+        if self.backend() == DbBackend::Postgres {
+            cast(&mut stmt, Column::Attempts, "integer");
+            stmt.column(Column::LastError);
+            for column in [Column::SentAt, Column::CreatedAt, Column::UpdatedAt] {
+                cast(&mut stmt, column, "timestamp");
+            }
+        } else if self.backend() == DbBackend::MySql {
+            // sqlx reads a MySQL `timestamp` column only as DateTime<Utc>;
+            // its value is UTC (sqlx sets the session's time_zone to UTC).
+            // An unsigned attempts column reads as signed.
+            cast(&mut stmt, Column::Attempts, "SIGNED");
+            stmt.column(Column::LastError);
+            for column in [Column::SentAt, Column::CreatedAt, Column::UpdatedAt] {
+                cast(&mut stmt, column, "DATETIME(6)");
+            }
+        } else {
+            stmt.columns([
                 Column::Attempts,
                 Column::LastError,
                 Column::SentAt,
                 Column::CreatedAt,
                 Column::UpdatedAt,
-            ])
-            .from(self.tbl())
-            .to_owned()
+            ]);
+        }
+        stmt.from(self.tbl()).to_owned()
     }
 
     async fn fetch(&self, stmt: &SelectStatement) -> Result<Vec<OutboxEventRow>, DbErr> {
@@ -926,7 +1014,17 @@ impl Store {
             .column(Column::Status)
             .expr_as(Func::count(Expr::col(Column::Id)), Alias::new("n"))
             .expr_as(
-                Func::min(Expr::col(Column::CreatedAt)),
+                match self.backend() {
+                    // A timestamptz or MySQL timestamp column: its UTC time
+                    // (see `select_rows`).
+                    DbBackend::Postgres => {
+                        Func::min(Expr::col(Column::CreatedAt).cast_as(Alias::new("timestamp")))
+                    }
+                    DbBackend::MySql => {
+                        Func::min(Expr::col(Column::CreatedAt).cast_as(Alias::new("DATETIME(6)")))
+                    }
+                    _ => Func::min(Expr::col(Column::CreatedAt)),
+                },
                 Alias::new("oldest"),
             )
             .from(self.tbl())

@@ -10,16 +10,21 @@
 //! |---|---|---|
 //! | `id` | `bigint`, `integer` (bigserial, identity) | `bigint`, `int` |
 //! | `event_name`, `status`, `last_error` | `varchar[(n)]`, `text`, `char(n)` | `varchar(n)`, `text` kinds, `char(n)` |
-//! | `payload` | `jsonb`, `json` | `json` (MariaDB: `longtext`), `text` kinds |
-//! | `attempts` | `integer` | `int` |
-//! | `sent_at`, `created_at`, `updated_at` | `timestamp[(p)]` without time zone | `datetime[(p)]`, `timestamp` |
+//! | `payload` | `jsonb`, `json`, `text`, `varchar` | `json` (MariaDB: `longtext`), `text` kinds |
+//! | `attempts` | `integer`, `bigint`, `smallint` | `int`, `bigint` and the other integers |
+//! | `sent_at`, `created_at`, `updated_at` | `timestamp[(p)]`, `timestamptz` | `datetime[(p)]`, `timestamp` |
+//!
+//! The reads cast each column to the entity's type (`Store::select_rows`):
+//! the payload to its text, `attempts` to `integer`, a `timestamptz` to its
+//! UTC time. Writes store UTC values, which a `timestamptz` column takes
+//! as UTC instants (sqlx opens every PostgreSQL session with
+//! `TimeZone=UTC`, whatever the database's `timezone` setting).
 //!
 //! Refused by name: a `uuid` (or any non-integer) id, an integer `status`
-//! (a Rails `enum`), and — not supported yet — `timestamptz` columns, a
-//! `text` payload and a `smallint`/`bigint` `attempts` on PostgreSQL (the
-//! row decoder reads exactly `timestamp`, `json(b)` and `integer` there).
-//! SQLite declares types loosely and is not checked beyond the columns'
-//! presence.
+//! (a Rails `enum`), a payload that is neither JSON nor text, a
+//! non-integer `attempts`, timestamps of another type (a `date`, a
+//! `time`). SQLite declares types loosely and is not checked beyond the
+//! columns' presence.
 
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 
@@ -96,47 +101,50 @@ pub fn check_column(backend: DbBackend, column: &str, data_type: &str) -> Result
     match column {
         "id" => match t {
             "bigint" | "integer" | "int" => Ok(()),
-            "uuid" => Err("a uuid primary key is not supported: the sidecar needs an integer id \
+            "uuid" => Err(
+                "a uuid primary key is not supported: the sidecar needs an integer id \
                  (Debezium's message key, the Idempotency-Key)"
-                .into()),
+                    .into(),
+            ),
             _ => Err("the sidecar needs an integer id (bigint or integer)".into()),
         },
         "event_name" | "status" | "last_error" => {
             if is_string(t) {
                 Ok(())
             } else if column == "status" && is_int(t) {
-                Err("an integer status (a Rails enum) is not supported: the sidecar reads and \
+                Err(
+                    "an integer status (a Rails enum) is not supported: the sidecar reads and \
                      writes the strings pending, sent and failed"
-                    .into())
+                        .into(),
+                )
             } else {
                 Err(format!("the sidecar needs {STRINGS}"))
             }
         }
         "payload" => match t {
-            "jsonb" | "json" => Ok(()),
-            "text" | "longtext" | "mediumtext" if !pg => Ok(()),
-            "text" | "character varying" if pg => Err(
-                "a text payload is not supported on PostgreSQL yet: the sidecar reads json or jsonb"
+            "jsonb" | "json" | "text" => Ok(()),
+            "character varying" if pg => Ok(()),
+            "longtext" | "mediumtext" if !pg => Ok(()),
+            _ => Err(
+                "the sidecar needs the JSON as json, jsonb or text (MySQL: json or a text kind)"
                     .into(),
             ),
-            _ => Err("the sidecar needs json or jsonb (MySQL: json or text)".into()),
         },
-        "attempts" => match t {
-            "integer" | "int" => Ok(()),
-            "smallint" | "bigint" | "tinyint" | "mediumint" => Err(
-                "the sidecar reads attempts as a 32-bit integer: use integer (Rails' t.integer)"
-                    .into(),
-            ),
-            _ => Err("the sidecar needs an integer attempts column".into()),
-        },
+        "attempts" => {
+            if is_int(t) {
+                Ok(())
+            } else {
+                Err("the sidecar needs an integer attempts column".into())
+            }
+        }
         "sent_at" | "created_at" | "updated_at" => match t {
-            "timestamp without time zone" | "datetime" | "timestamp" => Ok(()),
-            "timestamp with time zone" => Err(
-                "timestamptz is not supported yet: the sidecar reads and writes UTC timestamps \
-                 without a zone (Rails' default datetime)"
+            "timestamp without time zone" | "timestamp with time zone" if pg => Ok(()),
+            "datetime" | "timestamp" if !pg => Ok(()),
+            _ => Err(
+                "the sidecar needs a timestamp or timestamptz (PostgreSQL), datetime or \
+                 timestamp (MySQL)"
                     .into(),
             ),
-            _ => Err("the sidecar needs a timestamp (PostgreSQL) or datetime (MySQL)".into()),
         },
         _ => Ok(()),
     }
@@ -146,7 +154,7 @@ pub fn check_column(backend: DbBackend, column: &str, data_type: &str) -> Result
 pub const REQUIRED: [(&str, &str); 9] = [
     ("id", "an integer primary key"),
     ("event_name", STRINGS),
-    ("payload", "a json or jsonb column"),
+    ("payload", "a json, jsonb or text column"),
     ("status", STRINGS),
     ("attempts", "an integer column"),
     ("last_error", STRINGS),
@@ -239,8 +247,11 @@ mod tests {
             ("last_error", "text"),
             ("payload", "jsonb"),
             ("payload", "json"),
+            ("payload", "text"),
             ("attempts", "integer"),
+            ("attempts", "bigint"),
             ("updated_at", "timestamp without time zone"),
+            ("updated_at", "timestamp with time zone"),
         ] {
             assert_eq!(check_column(pg, col, t), Ok(()), "{col} {t}");
         }
@@ -250,6 +261,7 @@ mod tests {
             ("payload", "longtext"),
             ("payload", "json"),
             ("attempts", "int"),
+            ("attempts", "bigint"),
             ("updated_at", "datetime"),
             ("sent_at", "timestamp"),
         ] {
@@ -261,11 +273,14 @@ mod tests {
         assert!(check_column(my, "status", "int")
             .unwrap_err()
             .contains("Rails enum"));
-        assert!(check_column(pg, "updated_at", "timestamp with time zone")
+        assert!(check_column(pg, "updated_at", "date")
             .unwrap_err()
-            .contains("timestamptz"));
-        assert!(check_column(pg, "payload", "text")
+            .contains("timestamp or timestamptz"));
+        assert!(check_column(pg, "payload", "bytea")
             .unwrap_err()
-            .contains("text payload"));
+            .contains("json, jsonb or text"));
+        assert!(check_column(pg, "attempts", "numeric")
+            .unwrap_err()
+            .contains("integer attempts"));
     }
 }

@@ -398,6 +398,7 @@ async fn table_shapes(backend: crate::db::Backend) {
              sent_at {ts}, created_at {ts} not null, updated_at {updated} not null)"
         )
     };
+    let payload_as = |ddl: String, payload: &str| ddl.replace(&format!("payload {json}"), payload);
     let refused: Vec<(String, &str)> = {
         let mut v = vec![
             (
@@ -415,8 +416,18 @@ async fn table_shapes(backend: crate::db::Backend) {
                 "a uuid primary key is not supported",
             ));
             v.push((
-                table("varchar(255)", id, "timestamptz", "integer"),
-                "column outbox_events.updated_at is timestamp with time zone: timestamptz is not supported yet",
+                table("varchar(255)", id, "date", "integer"),
+                "column outbox_events.updated_at is date: the sidecar needs a timestamp or timestamptz",
+            ));
+            v.push((
+                payload_as(table("varchar(255)", id, ts, "integer"), "payload bytea not null"),
+                "column outbox_events.payload is bytea: the sidecar needs the JSON as json, jsonb or text",
+            ));
+        } else {
+            v.push((
+                table("varchar(255)", id, "date", "integer"),
+                "column outbox_events.updated_at is date: the sidecar needs a timestamp or timestamptz \
+                 (PostgreSQL), datetime or timestamp (MySQL)",
             ));
         }
         v
@@ -445,6 +456,22 @@ async fn table_shapes(backend: crate::db::Backend) {
             },
             ts,
             "integer",
+        ),
+        // timestamptz (PostgreSQL) / timestamp (MySQL), a bigint attempts,
+        // a text payload: read with casts (tests/it/shapes.rs runs events
+        // through them).
+        payload_as(
+            table(
+                "varchar(255)",
+                id,
+                if pg { "timestamptz" } else { "timestamp(6)" },
+                "bigint",
+            ),
+            if pg {
+                "payload text not null"
+            } else {
+                "payload longtext not null"
+            },
         ),
     ] {
         let db = TestDb::new(backend).await;

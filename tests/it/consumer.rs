@@ -33,7 +33,7 @@ async fn insert_silently(txn: &DatabaseTransaction, status: &str, n: i64) -> Out
     OutboxEventRow {
         id: row.try_get("", "id").expect("id"),
         event_name: "accounts.purchase_create".into(),
-        payload,
+        payload: (&payload).into(),
         status: Status::Pending,
         attempts: 0,
         last_error: None,

@@ -508,7 +508,9 @@ async fn a_row_waiting_for_its_retry_does_not_hold_the_in_flight_slot() {
     // max_in_flight = 1 and a long retry delay: the refused row waits 3 s
     // for its second attempt, during which the one slot is free.
     let receiver = Receiver::start(|r| {
-        let refused_row = String::from_utf8_lossy(&r.body).contains(r#""n":1"#);
+        // The body is the jsonb column's text (`{"n": 1}`).
+        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        let refused_row = body["n"] == 1;
         if refused_row && r.nth == 0 {
             ResponseTemplate::new(503)
         } else {

@@ -91,7 +91,8 @@ async fn http_5xx_timeouts_refused_slow_and_random() {
     check(&t, &spec).await;
     // The fixed modes end where R-004 says.
     for row in super::check::all_rows(&t).await {
-        let m = row.payload["mode"].as_str().unwrap_or_default().to_owned();
+        let payload: serde_json::Value = serde_json::from_str(row.payload.as_str()).unwrap();
+        let m = payload["mode"].as_str().unwrap_or_default().to_owned();
         let expected = match m.as_str() {
             "5xx" => Some((entity::Status::Sent, 2)),
             "always5xx" | "refused" => Some((entity::Status::Failed, 3)),

@@ -117,7 +117,7 @@ BEGIN
   -- (past ~2 kB compressed) unchanged does not carry it.
   IF TG_OP <> 'DELETE' THEN
     a := to_jsonb(NEW) - 'payload' || jsonb_build_object('payload',
-      CASE WHEN TG_OP = 'UPDATE' AND NOT full_identity AND OLD.payload = NEW.payload
+      CASE WHEN TG_OP = 'UPDATE' AND NOT full_identity AND OLD.payload::text = NEW.payload::text
                 AND pg_column_size(NEW.payload) >= 2000
            THEN '__debezium_unavailable_value' ELSE NEW.payload::text END);
   END IF;
