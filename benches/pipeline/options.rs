@@ -1,0 +1,92 @@
+//! The command line.
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) events: usize,
+    pub(crate) runs: usize,
+    pub(crate) max_in_flight: usize,
+    pub(crate) naive_events: usize,
+    pub(crate) limit_events: usize,
+    pub(crate) paced_seconds: f64,
+    pub(crate) pg_url: String,
+    pub(crate) quick: bool,
+    /// Only scenario 1 (no limits, so no ratios): to compare changes.
+    pub(crate) backlog_only: bool,
+    /// Extra librdkafka properties for every consumer (the sidecar's too).
+    pub(crate) kafka_properties: Vec<(String, String)>,
+}
+
+pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pipeline -- \
+[--events N] [--runs R] [--quick] [--backlog-only] [--max-in-flight M] [--naive-events N] \
+[--limit-events N] [--paced-seconds S] [--pg-url URL] [--kafka-property KEY=VALUE]...";
+
+impl Options {
+    pub(crate) fn parse() -> Result<Options> {
+        let mut events: Option<usize> = None;
+        let mut runs: Option<usize> = None;
+        let mut max_in_flight = 256;
+        let mut naive_events: Option<usize> = None;
+        let mut limit_events: Option<usize> = None;
+        let mut paced_seconds = 10.0;
+        let mut pg_url = std::env::var("BENCH_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        let mut quick = false;
+        let mut backlog_only = false;
+        let mut kafka_properties = vec![(
+            "fetch.wait.max.ms".to_owned(),
+            DEFAULT_FETCH_WAIT_MS.to_owned(),
+        )];
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| {
+                args.next()
+                    .ok_or_else(|| anyhow!("{name} needs a value\n{USAGE}"))
+            };
+            match arg.as_str() {
+                // cargo bench passes --bench to every harness = false target.
+                "--bench" => {}
+                "--quick" => quick = true,
+                "--backlog-only" => backlog_only = true,
+                "--events" => events = Some(value("--events")?.parse()?),
+                "--runs" => runs = Some(value("--runs")?.parse()?),
+                "--max-in-flight" => max_in_flight = value("--max-in-flight")?.parse()?,
+                "--naive-events" => naive_events = Some(value("--naive-events")?.parse()?),
+                "--limit-events" => limit_events = Some(value("--limit-events")?.parse()?),
+                "--paced-seconds" => paced_seconds = value("--paced-seconds")?.parse()?,
+                "--pg-url" => pg_url = value("--pg-url")?,
+                "--kafka-property" => {
+                    let kv = value("--kafka-property")?;
+                    let (k, v) = kv
+                        .split_once('=')
+                        .ok_or_else(|| anyhow!("--kafka-property wants KEY=VALUE, got {kv:?}"))?;
+                    kafka_properties.retain(|(key, _)| key != k);
+                    kafka_properties.push((k.to_owned(), v.to_owned()));
+                }
+                "-h" | "--help" => {
+                    println!("{USAGE}");
+                    std::process::exit(0);
+                }
+                other => bail!("unknown argument {other:?}\n{USAGE}"),
+            }
+        }
+        let events: usize = events.unwrap_or(if quick { 5_000 } else { 50_000 });
+        let runs: usize = runs.unwrap_or(if quick { 1 } else { 3 });
+        if events == 0 || runs == 0 || max_in_flight == 0 {
+            bail!("--events, --runs and --max-in-flight must be at least 1");
+        }
+        Ok(Options {
+            events,
+            runs,
+            max_in_flight,
+            naive_events: naive_events.unwrap_or(2_000).clamp(1, events),
+            limit_events: limit_events.unwrap_or(10_000).clamp(1, events),
+            paced_seconds,
+            pg_url,
+            quick,
+            backlog_only,
+            kafka_properties,
+        })
+    }
+}
