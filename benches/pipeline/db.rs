@@ -5,8 +5,7 @@ use super::*;
 pub(crate) struct Env {
     pub(crate) opts: Options,
     pub(crate) admin: DatabaseConnection,
-    pub(crate) receiver: Arc<ReceiverState>,
-    pub(crate) receiver_url: String,
+    pub(crate) receivers: Receivers,
     pub(crate) ticks_per_s: f64,
     pub(crate) next_db: AtomicUsize,
 }
@@ -59,6 +58,7 @@ impl Env {
         brokers: &str,
         topic: &str,
         admin_port: u16,
+        receiver: &Receiver,
     ) -> Result<String> {
         let toml = format!(
             r#"
@@ -80,7 +80,7 @@ max_in_flight = {mif}
 url = "{url}"
 events = ["accounts.purchase_create", "accounts.installment_paid", "accounts.installment_overdue"]
 timeout = "10s"
-[dispatchers.accounts.headers]
+{ca_file}[dispatchers.accounts.headers]
 Authorization = "Bearer bench-token"
 [admin]
 listen = "127.0.0.1:{admin_port}"
@@ -88,7 +88,12 @@ listen = "127.0.0.1:{admin_port}"
 level = "error"
 "#,
             mif = self.opts.max_in_flight,
-            url = self.receiver_url,
+            url = receiver.url,
+            ca_file = receiver
+                .ca_file
+                .as_ref()
+                .map(|p| format!("ca_file = {:?}\n", p.display().to_string()))
+                .unwrap_or_default(),
             extra_kafka = self
                 .opts
                 .kafka_properties
@@ -108,8 +113,20 @@ pub(crate) async fn open_store(url: &str, table: &str, pool: u32) -> Result<Stor
 }
 
 /// `n` pending rows in one statement; payloads of ~350 bytes like the
-/// accounts events.
-pub(crate) async fn insert_rows(store: &Store, n: usize) -> Result<()> {
+/// accounts events, or padded to about `payload_bytes` (when larger) with a
+/// `notes` array of md5 strings, distinct per row so the broker's lz4 does
+/// not squeeze them away.
+pub(crate) async fn insert_rows(store: &Store, n: usize, payload_bytes: usize) -> Result<()> {
+    // Each md5 string takes 35 bytes of the payload's JSON text.
+    let notes = payload_bytes.saturating_sub(350).div_ceil(35);
+    let pad = if notes == 0 {
+        String::new()
+    } else {
+        format!(
+            ",\n           'notes', (SELECT jsonb_agg(md5(g::text || ':' || i::text)) \
+             FROM generate_series(1, {notes}) AS i)"
+        )
+    };
     let sql = format!(
         r#"INSERT INTO {t} (event_name, payload, status, attempts, created_at, updated_at)
 SELECT e,
@@ -119,7 +136,7 @@ SELECT e,
            'items', jsonb_build_array(
                jsonb_build_object('sku', 'SKU-0001', 'qty', 1, 'price_cents', 4330),
                jsonb_build_object('sku', 'SKU-0002', 'qty', 2, 'price_cents', 4331),
-               jsonb_build_object('sku', 'SKU-0003', 'qty', 3, 'price_cents', 4332)))),
+               jsonb_build_object('sku', 'SKU-0003', 'qty', 3, 'price_cents', 4332)){pad})),
        'pending', 0, now() AT TIME ZONE 'utc', now() AT TIME ZONE 'utc'
 FROM (SELECT g, (ARRAY['{a}', '{b}', '{c}'])[1 + g % 3] AS e
       FROM generate_series(1, {n}) AS g) AS s

@@ -15,17 +15,7 @@ impl Broker {
         let cluster = MockCluster::new(1).context("starting the mock cluster")?;
         cluster.create_topic(topic, PARTITIONS, 1)?;
         let brokers = cluster.bootstrap_servers();
-        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("linger.ms", "5")
-            // The mock broker keeps only 5 MiB per partition (older batches
-            // are dropped): compressed batches keep a 50,000-event backlog.
-            .set("compression.type", "lz4")
-            .set("queue.buffering.max.messages", "1000000")
-            .set("queue.buffering.max.kbytes", "1048576")
-            .set("batch.num.messages", "10000")
-            .create()
-            .context("creating the producer")?;
+        let producer = Broker::producer(&brokers)?;
         Ok(Broker {
             producer,
             _cluster: cluster,
@@ -34,19 +24,24 @@ impl Broker {
         })
     }
 
+    /// The bench's producer settings (the echo task makes one of its own).
+    pub(crate) fn producer(brokers: &str) -> Result<ThreadedProducer<DefaultProducerContext>> {
+        ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("linger.ms", "5")
+            // The mock broker keeps only 5 MiB per partition (older batches
+            // are dropped): compressed batches keep a 50,000-event backlog.
+            .set("compression.type", "lz4")
+            .set("queue.buffering.max.messages", "1000000")
+            .set("queue.buffering.max.kbytes", "1048576")
+            .set("batch.num.messages", "10000")
+            .create()
+            .context("creating a producer")
+    }
+
     /// Hands one record to the producer, waiting while its queue is full.
     pub(crate) fn send(&self, key: &str, value: &str) -> Result<()> {
-        let mut record = BaseRecord::to(&self.topic).key(key).payload(value);
-        loop {
-            match self.producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    record = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err((e, _)) => return Err(e.into()),
-            }
-        }
+        send(&self.producer, &self.topic, key, value)
     }
 
     pub(crate) fn flush(&self) -> Result<()> {
@@ -61,26 +56,58 @@ impl Broker {
         common: &[(String, String)],
         extra: &[(&str, &str)],
     ) -> Result<StreamConsumer> {
-        let settings = KafkaSettings {
-            brokers: self.brokers.clone(),
-            topic: self.topic.clone(),
-            group_id: group.to_owned(),
-            dead_letter_topic: None,
-            properties: common
-                .iter()
-                .cloned()
-                .chain(
-                    extra
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-                )
-                .collect(),
-        };
-        let consumer: StreamConsumer = outbox_sidecar::consumer::client_config(&settings)
-            .create()
-            .context("creating a consumer")?;
-        consumer.subscribe(&[&self.topic])?;
-        Ok(consumer)
+        consumer(&self.brokers, &self.topic, group, common, extra)
+    }
+}
+
+/// A consumer of `topic` with the sidecar's librdkafka configuration and
+/// `common` and `extra` properties on top.
+pub(crate) fn consumer(
+    brokers: &str,
+    topic: &str,
+    group: &str,
+    common: &[(String, String)],
+    extra: &[(&str, &str)],
+) -> Result<StreamConsumer> {
+    let settings = KafkaSettings {
+        brokers: brokers.to_owned(),
+        topic: topic.to_owned(),
+        group_id: group.to_owned(),
+        dead_letter_topic: None,
+        properties: common
+            .iter()
+            .cloned()
+            .chain(
+                extra
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+            )
+            .collect(),
+    };
+    let consumer: StreamConsumer = outbox_sidecar::consumer::client_config(&settings)
+        .create()
+        .context("creating a consumer")?;
+    consumer.subscribe(&[topic])?;
+    Ok(consumer)
+}
+
+/// Hands one record to `producer`, waiting while its queue is full.
+pub(crate) fn send(
+    producer: &ThreadedProducer<DefaultProducerContext>,
+    topic: &str,
+    key: &str,
+    value: &str,
+) -> Result<()> {
+    let mut record = BaseRecord::to(topic).key(key).payload(value);
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                record = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => return Err(e.into()),
+        }
     }
 }
 

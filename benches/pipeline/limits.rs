@@ -40,30 +40,21 @@ pub(crate) async fn post(
         .body(body)
         .send()
         .await?;
-    Ok(resp.status().is_success())
+    let ok = resp.status().is_success();
+    // Read the body to its end, as the dispatcher does, so the connection
+    // goes back to the pool.
+    std::hint::black_box(resp.bytes().await?);
+    Ok(ok)
 }
 
-/// Events/s of a plain consumer reading `n` messages, from the first one.
-pub(crate) async fn raw_consume(env: &Env, broker: &Broker, n: usize) -> Result<f64> {
-    let consumer = broker.consumer("bench-raw", &env.opts.kafka_properties, &[])?;
-    let mut first = None;
-    let mut count = 0;
-    let mut bytes = 0usize;
-    while count < n {
-        let msg = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
-            .await
-            .with_context(|| format!("raw consume: no message after {count} of {n}"))??;
-        first.get_or_insert_with(Instant::now);
-        bytes += msg.payload().map_or(0, <[u8]>::len);
-        count += 1;
-    }
-    std::hint::black_box(bytes);
-    let elapsed = first.map_or(0.0, |t| t.elapsed().as_secs_f64());
-    Ok(n as f64 / elapsed.max(1e-9))
-}
-
-/// Requests/s against the receiver, `in_flight` concurrent.
-pub(crate) async fn raw_http(url: &str, n: usize, in_flight: usize) -> Result<f64> {
+/// Requests/s against the receiver, `in_flight` concurrent, and the CPU
+/// seconds of this process over the timed span.
+pub(crate) async fn raw_http(
+    url: &str,
+    n: usize,
+    in_flight: usize,
+    ticks_per_s: f64,
+) -> Result<(f64, f64)> {
     let client = http_client()?;
     let payload = Arc::new(sample_payload());
     // Warm the connection pool so the figure is the steady state.
@@ -80,6 +71,7 @@ pub(crate) async fn raw_http(url: &str, n: usize, in_flight: usize) -> Result<f6
     }
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
+    let cpu0 = self_cpu_ticks();
     let workers: Vec<_> = (0..in_flight)
         .map(|_| {
             let (client, url, payload, next) = (
@@ -104,7 +96,8 @@ pub(crate) async fn raw_http(url: &str, n: usize, in_flight: usize) -> Result<f6
     for w in workers {
         w.await??;
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    let cpu_s = self_cpu_ticks().saturating_sub(cpu0) as f64 / ticks_per_s;
+    Ok((n as f64 / started.elapsed().as_secs_f64(), cpu_s))
 }
 
 /// Rows/s of `Store::mark_sent`, `in_flight` callers on the store's pool.
@@ -143,7 +136,8 @@ pub(crate) async fn single_row_updates(store: &Store, in_flight: usize) -> Resul
 
 /// Rows/s of `UPDATE … WHERE id = ANY($1) AND status = 'pending'`,
 /// [`BATCH_IDS`] ids per statement, one statement per pool connection.
-pub(crate) async fn batched_updates(store: &Store) -> Result<f64> {
+/// Also the CPU seconds of this process over the span, and the rows.
+pub(crate) async fn batched_updates(store: &Store, ticks_per_s: f64) -> Result<(f64, f64, usize)> {
     let ids = all_ids(store).await?;
     let batches: Arc<Vec<String>> = Arc::new(
         ids.chunks(BATCH_IDS)
@@ -161,6 +155,7 @@ pub(crate) async fn batched_updates(store: &Store) -> Result<f64> {
     let next = Arc::new(AtomicUsize::new(0));
     let applied = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
+    let cpu0 = self_cpu_ticks();
     let workers: Vec<_> = (0..POOL)
         .map(|_| {
             let (store, batches, sql, next, applied) = (
@@ -191,11 +186,12 @@ pub(crate) async fn batched_updates(store: &Store) -> Result<f64> {
         w.await??;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu_s = self_cpu_ticks().saturating_sub(cpu0) as f64 / ticks_per_s;
     let applied = applied.load(Ordering::Relaxed);
     if applied != ids.len() as u64 {
         bail!("batched UPDATE applied {applied} of {} rows", ids.len());
     }
-    Ok(ids.len() as f64 / elapsed)
+    Ok((ids.len() as f64 / elapsed, cpu_s, ids.len()))
 }
 
 /// One event at a time, the shape of a job per event: decode, read the
@@ -227,7 +223,7 @@ pub(crate) async fn naive_loop(env: &Env, store: &Store, broker: &Broker, n: usi
                 if row.status == Status::Pending
                     && post(
                         &client,
-                        &env.receiver_url,
+                        &env.receivers.created.url,
                         row.id,
                         &row.event_name,
                         &row.payload,
@@ -252,6 +248,20 @@ pub(crate) async fn naive_loop(env: &Env, store: &Store, broker: &Broker, n: usi
 
 pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 
+pub(crate) const RAW_CONSUME: &str = "raw consume (StreamConsumer, no processing)";
+pub(crate) const CPU_CONSUME: &str = "client CPU / message (raw consume, child process)";
+pub(crate) const CPU_HTTP: &str = "client CPU / request (raw HTTP at max_in_flight, child process)";
+pub(crate) const CPU_BATCHED: &str = "client CPU / row (batched UPDATE, child process)";
+
+/// The raw HTTP limit's name: against the receiver S1 posts to.
+pub(crate) fn raw_http_name(in_flight: usize) -> String {
+    if in_flight == 64 {
+        RAW_HTTP_64.to_owned()
+    } else {
+        format!("raw HTTP, {in_flight} in flight")
+    }
+}
+
 pub(crate) async fn limits(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     let o = &env.opts;
     env.with_db(|url| async move {
@@ -259,45 +269,48 @@ pub(crate) async fn limits(env: &Env, sheet: &mut Sheet, run: usize) -> Result<(
 
         step("limits: inserting and publishing");
         let consume = open_store(&url, "lim_consume", 2).await?;
-        insert_rows(&consume, o.events).await?;
+        insert_rows(&consume, o.events, 0).await?;
         let broker = Broker::start("outbox.public.lim_consume")?;
         publish_all(&consume, &broker).await?;
-        step("limit: raw consume");
+        step("limit: raw consume (child process)");
         let l = load1();
-        let r = raw_consume(env, &broker, o.events).await?;
-        sheet.add(
-            "raw consume (StreamConsumer, no processing)",
-            Unit::Rate,
-            r,
-            l,
-        );
+        let r = run_part(&Part::Consume {
+            brokers: broker.brokers.clone(),
+            topic: broker.topic.clone(),
+            n: o.events,
+            properties: o.kafka_properties.clone(),
+        })
+        .await?;
+        sheet.add(RAW_CONSUME, Unit::Rate, r.rate, l);
+        sheet.add(CPU_CONSUME, Unit::Micros, r.cpu_us_each(), l);
         drop(broker);
 
         let n_http = o.events;
-        step("limit: raw HTTP, 64 in flight");
-        let l = load1();
-        let r = raw_http(&env.receiver_url, n_http, 64).await?;
-        sheet.add(
-            "raw HTTP (reqwest → axum 204), 64 in flight",
-            Unit::Rate,
-            r,
-            l,
-        );
+        let http_url = &env.receivers.created.url;
+        let mut in_flights = vec![64];
         if o.max_in_flight != 64 {
-            step("limit: raw HTTP, max_in_flight");
+            in_flights.push(o.max_in_flight);
+        }
+        for in_flight in in_flights {
+            step(&format!(
+                "limit: raw HTTP, {in_flight} in flight (child process)"
+            ));
             let l = load1();
-            let r = raw_http(&env.receiver_url, n_http, o.max_in_flight).await?;
-            sheet.add(
-                &format!("raw HTTP, {} in flight", o.max_in_flight),
-                Unit::Rate,
-                r,
-                l,
-            );
+            let r = run_part(&Part::Http {
+                url: http_url.clone(),
+                n: n_http,
+                in_flight,
+            })
+            .await?;
+            sheet.add(&raw_http_name(in_flight), Unit::Rate, r.rate, l);
+            if in_flight == o.max_in_flight {
+                sheet.add(CPU_HTTP, Unit::Micros, r.cpu_us_each(), l);
+            }
         }
 
         step("limit: single-row UPDATE (Store::mark_sent)");
         let single = open_store(&url, "lim_single", POOL).await?;
-        insert_rows(&single, o.limit_events).await?;
+        insert_rows(&single, o.limit_events, 0).await?;
         let l = load1();
         let r = single_row_updates(&single, o.max_in_flight).await?;
         sheet.add(
@@ -311,22 +324,27 @@ pub(crate) async fn limits(env: &Env, sheet: &mut Sheet, run: usize) -> Result<(
         );
         single.connection().clone().close().await.ok();
 
-        step("limit: batched UPDATE");
+        step("limit: batched UPDATE (child process)");
         let batch = open_store(&url, "lim_batch", POOL).await?;
-        insert_rows(&batch, o.events).await?;
+        insert_rows(&batch, o.events, 0).await?;
         let l = load1();
-        let r = batched_updates(&batch).await?;
+        let r = run_part(&Part::Batched {
+            db_url: url.clone(),
+            table: "lim_batch".to_owned(),
+        })
+        .await?;
         sheet.add(
             &format!("batched UPDATE ({BATCH_IDS} ids/stmt, {POOL} in parallel)"),
             Unit::Rate,
-            r,
+            r.rate,
             l,
         );
+        sheet.add(CPU_BATCHED, Unit::Micros, r.cpu_us_each(), l);
         batch.connection().clone().close().await.ok();
 
         step("naive loop");
         let naive = open_store(&url, TABLE, POOL).await?;
-        insert_rows(&naive, o.naive_events).await?;
+        insert_rows(&naive, o.naive_events, 0).await?;
         let broker = Broker::start("outbox.public.outbox_events")?;
         publish_all(&naive, &broker).await?;
         let l = load1();

@@ -1,12 +1,22 @@
-//! The whole-pipeline benchmark (issue #8): the real pipeline, end to end,
-//! against the limits of its parts measured in the same process run.
+//! The whole-pipeline benchmark (issues #8 and #20): the real pipeline, end
+//! to end, as users run it (the sidecar's own status writes echoed back
+//! onto the topic, a receiver that answers with a body), against the limits
+//! of its parts measured in the same run.
 //!
 //! ```text
 //! make bench-pipeline BENCH_ARGS="--quick"
 //! cargo bench -p outbox-sidecar --bench pipeline -- [--events N] [--runs R] [--quick]
 //!       [--backlog-only] [--max-in-flight M] [--naive-events N] [--limit-events N] [--paced-seconds S]
-//!       [--pg-url postgres://postgres@127.0.0.1:5432/postgres]
+//!       [--pg-url postgres://postgres@127.0.0.1:5432/postgres] [--kafka-property KEY=VALUE]...
+//!       [--no-echoes] [--large-events N] [--large-payload-bytes B]
 //! ```
+//!
+//! The modules: `options` (the command line), `sys` (/proc), `sidecar` (the
+//! child process), `receiver` (the three receivers), `db` (databases, rows,
+//! the sidecar's configuration), `kafka` (mock cluster, producer, insert
+//! events), `echo` (the update events of the sidecar's own writes),
+//! `limits` and `client` (the parts' limits; three of them in a child
+//! process), `scenarios`, `report` (the table and the goal lines).
 //!
 //! Each run (default 3; every printed figure is the median over the runs,
 //! with the 1-minute load average of /proc/loadavg at the start of each
@@ -17,25 +27,41 @@
 //!    - raw consume: a plain `StreamConsumer` (the sidecar's librdkafka
 //!      configuration, `consumer::client_config`) counting N messages of a
 //!      6-partition topic, no processing; timed from the first message;
-//!    - raw HTTP: the in-process receiver (axum, answers 204) driven by a
-//!      reqwest client built like the dispatcher's, 64 and M in flight;
+//!    - raw HTTP: the 201 + JSON receiver driven by a reqwest client built
+//!      like the dispatcher's (the body read to its end), 64 and M in flight;
 //!    - single-row UPDATE: `Store::mark_sent` on `--limit-events` rows
 //!      (default min(N, 10,000)), M concurrent callers on a 16-connection pool;
 //!    - batched UPDATE: `UPDATE … SET status='sent' … WHERE id = ANY($1) AND
 //!      status='pending'`, 100 ids per statement, 16 concurrent statements;
 //!    - the naive loop (`--naive-events`, default 2,000): one event at a
 //!      time — decode, read the row, POST, UPDATE, synchronous offset commit.
+//!
+//!    Raw consume, raw HTTP and the batched UPDATE run in a child process
+//!    of their own (see `client`), which also reports its CPU per message,
+//!    request and row: the client side alone, for the cost-per-event goal.
 //! 2. Scenario 1, backlog: N pending rows are inserted and their Debezium
 //!    insert events published (key `{"id": N}`, envelope with the row as
 //!    Debezium's PostgreSQL connector writes it); then `outbox-sidecar run`
 //!    (the binary, in its own process, built by cargo with this bench's
-//!    release profile; configuration in a temporary file) drains them. Events/s = N / (last `sent_at` −
-//!    the moment /readyz first answered 200).
-//! 3. Scenario 2: the same with the receiver answering 500 to the first
-//!    attempt of every id divisible by 10 (retry_delay 200ms, they succeed on
-//!    the second attempt).
+//!    release profile; configuration in a temporary file) drains them
+//!    against the 201 + JSON receiver, while every status write it makes is
+//!    published back onto the topic as Debezium would (see `echo`; off with
+//!    `--no-echoes`). Events/s = N / (last `sent_at` − the moment /readyz
+//!    first answered 200). Variants: the attempt log off; no echoes; the
+//!    204 receiver; the HTTPS receiver (rustls, a CA made by the bench,
+//!    trusted through the dispatcher's `ca_file`); `--large-events` (600)
+//!    events with payloads padded to `--large-payload-bytes` (50 KiB).
+//! 3. Scenario 2: S1 with the receiver answering 500 to the first attempt
+//!    of every id divisible by 10 (retry_delay 200ms, they succeed on the
+//!    second attempt).
 //! 4. Scenario 3, paced: the sidecar running, events published at half the
-//!    rate scenario 1 measured in this run, for `--paced-seconds` (10 s).
+//!    rate scenario 1 measured in this run, for `--paced-seconds` (10 s),
+//!    echoes included.
+//!
+//! Every scenario reports the messages the sidecar consumed per event
+//! (`outbox_cdc_messages_total` once it has consumed every insert and
+//! echo, or after 10 s) and the connections its receiver accepted per
+//! 1,000 events (keep-alive).
 //!
 //! Latency is `sent_at` (written by the sidecar from `chrono::Utc::now()`)
 //! minus the publish time the bench recorded with `chrono::Utc::now()` when
@@ -57,7 +83,10 @@
 //!
 //! Two artefacts of librdkafka's mock broker are worked around, both on
 //! the bench's side: it keeps only 5 MiB per partition, so the producer
-//! compresses (lz4) to keep a 50,000-event backlog whole; and it answers an
+//! compresses (lz4) to keep a 50,000-event backlog whole (the echoes of a
+//! 1 KiB event are about the same size as its insert, and are appended
+//! only as the sidecar moves on; the large-payload scenario is sized to
+//! fit); and it answers an
 //! empty fetch only after the full `fetch.wait.max.ms`, so every consumer
 //! gets `fetch.wait.max.ms=10` (see [`DEFAULT_FETCH_WAIT_MS`]).
 //!
@@ -85,7 +114,9 @@ use rdkafka::{ClientConfig, Message};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 use serde_json::json;
 
+mod client;
 mod db;
+mod echo;
 mod kafka;
 mod limits;
 mod options;
@@ -95,7 +126,9 @@ mod scenarios;
 mod sidecar;
 mod sys;
 
+use client::{run_part, Part};
 use db::*;
+use echo::Echoes;
 use kafka::*;
 use limits::*;
 use options::*;
@@ -126,12 +159,33 @@ pub(crate) const DEFAULT_FETCH_WAIT_MS: &str = "10";
 /// Give up when no row changes state for this long.
 pub(crate) const STALL_LIMIT: Duration = Duration::from_secs(60);
 
+/// The raw HTTP limit, against the receiver S1 posts to.
+pub(crate) const RAW_HTTP_64: &str = "raw HTTP (reqwest → axum 201 + JSON), 64 in flight";
 pub(crate) const S1: &str = "S1 backlog";
 pub(crate) const S2: &str = "S2 10% fail once";
 /// S1 with the attempt log off (history.enabled = false): its cost.
 pub(crate) const S1_NO_LOG: &str = "S1 backlog, attempt log off";
+/// S1 without echoes: what the change feed's echoes cost.
+pub(crate) const S1_NO_ECHO: &str = "S1 backlog, no echoes";
+/// S1 against the 204 receiver.
+pub(crate) const S1_204: &str = "S1 backlog, 204 receiver";
+/// S1 against the 201 receiver over HTTPS.
+pub(crate) const S1_HTTPS: &str = "S1 backlog, HTTPS receiver";
+/// S1 with large payloads (`--large-events` of `--large-payload-bytes`).
+pub(crate) const S1_LARGE: &str = "S1 backlog, large payloads";
+pub(crate) const S3: &str = "S3 paced";
 
-/// One backlog scenario: run, print, add to the sheet.
+/// The setup of S1, S2 and S3: the 201 + JSON receiver, with echoes.
+pub(crate) fn base_setup(opts: &Options) -> Setup {
+    Setup {
+        target: Target::Created,
+        echoes: opts.echoes,
+        payload_bytes: 0,
+    }
+}
+
+/// One backlog scenario of `n` events: run, print, add to the sheet.
+#[allow(clippy::too_many_arguments)]
 async fn backlog(
     env: &Env,
     sheet: &mut Sheet,
@@ -139,10 +193,18 @@ async fn backlog(
     label: &str,
     fail_tenth: bool,
     history: bool,
+    setup: Setup,
+    n: usize,
 ) -> Result<ScenarioResult> {
     eprintln!(
-        "[run {run}] {label}: backlog of {} (load {})",
-        env.opts.events,
+        "[run {run}] {label}: backlog of {n}, {} receiver, echoes {}, payload {} (load {})",
+        setup.target.label(),
+        if setup.echoes { "on" } else { "off" },
+        if setup.payload_bytes == 0 {
+            "~350 B".to_owned()
+        } else {
+            format!("~{} B", setup.payload_bytes)
+        },
         loadavg_line()
     );
     let l = load1();
@@ -152,12 +214,13 @@ async fn backlog(
             fail_tenth,
             history,
         },
-        env.opts.events,
+        setup,
+        n,
     )
     .await?;
     eprintln!(
-        "[run {run}]   {:.0} events/s, p50 {:.0} ms",
-        s.rate, s.p50_ms
+        "[run {run}]   {:.0} events/s, p50 {:.0} ms, {:.2} messages/event, {:.2} connections/1,000 events",
+        s.rate, s.p50_ms, s.messages_per_event, s.connections_per_1k
     );
     add_scenario(sheet, label, &s, l, true);
     Ok(s)
@@ -165,15 +228,49 @@ async fn backlog(
 
 async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     let o = &env.opts;
+    let base = base_setup(o);
+    let n = o.events;
     if o.backlog_only {
         // For comparing changes: scenario 1 alone, no limits, no ratios.
-        backlog(env, sheet, run, S1, false, true).await?;
+        backlog(env, sheet, run, S1, false, true, base, n).await?;
         return Ok(());
     }
     limits(env, sheet, run).await?;
-    let s1 = backlog(env, sheet, run, S1, false, true).await?;
-    backlog(env, sheet, run, S1_NO_LOG, false, false).await?;
-    backlog(env, sheet, run, S2, true, true).await?;
+    let s1 = backlog(env, sheet, run, S1, false, true, base, n).await?;
+    backlog(env, sheet, run, S1_NO_LOG, false, false, base, n).await?;
+    if o.echoes {
+        let setup = Setup {
+            echoes: false,
+            ..base
+        };
+        backlog(env, sheet, run, S1_NO_ECHO, false, true, setup, n).await?;
+    }
+    let setup = Setup {
+        target: Target::NoContent,
+        ..base
+    };
+    backlog(env, sheet, run, S1_204, false, true, setup, n).await?;
+    let setup = Setup {
+        target: Target::Https,
+        ..base
+    };
+    backlog(env, sheet, run, S1_HTTPS, false, true, setup, n).await?;
+    let setup = Setup {
+        payload_bytes: o.large_payload_bytes,
+        ..base
+    };
+    backlog(
+        env,
+        sheet,
+        run,
+        S1_LARGE,
+        false,
+        true,
+        setup,
+        o.large_events,
+    )
+    .await?;
+    backlog(env, sheet, run, S2, true, true, base, n).await?;
 
     let rate = s1.rate / 2.0;
     let n3 = ((rate * o.paced_seconds).round() as usize).max(1);
@@ -182,16 +279,18 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
         loadavg_line()
     );
     let l = load1();
-    let s3 = scenario(env, Scenario::Paced { rate }, n3).await?;
+    let s3 = scenario(env, Scenario::Paced { rate }, base, n3).await?;
     eprintln!("[run {run}]   p99 {:.1} ms", s3.p99_ms);
     sheet.add("S3 paced: publish rate (half of S1)", Unit::Rate, rate, l);
-    add_scenario(sheet, "S3 paced", &s3, l, false);
+    add_scenario(sheet, S3, &s3, l, false);
     Ok(())
 }
 
 // ---------------------------------------------------------------- main
 
 fn main() {
+    // A child running one client part (see `client`) exits in here.
+    client::child_main();
     let opts = match Options::parse() {
         Ok(o) => o,
         Err(e) => {
@@ -230,11 +329,8 @@ async fn bench(opts: Options) -> Result<()> {
     let admin = Database::connect(opts.pg_url.as_str())
         .await
         .with_context(|| format!("connecting to {}", opts.pg_url))?;
-    let receiver = Arc::new(ReceiverState::default());
-    let addr = start_receiver(receiver.clone()).await?;
     let env = Env {
-        receiver_url: format!("http://{addr}/api/v1/events"),
-        receiver,
+        receivers: Receivers::start().await?,
         admin,
         ticks_per_s: clock_ticks(),
         next_db: AtomicUsize::new(0),

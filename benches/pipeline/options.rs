@@ -16,11 +16,17 @@ pub(crate) struct Options {
     pub(crate) backlog_only: bool,
     /// Extra librdkafka properties for every consumer (the sidecar's too).
     pub(crate) kafka_properties: Vec<(String, String)>,
+    /// Publish the sidecar's status writes back onto the topic (default).
+    pub(crate) echoes: bool,
+    /// The large-payload scenario: this many events of this many bytes.
+    pub(crate) large_events: usize,
+    pub(crate) large_payload_bytes: usize,
 }
 
 pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pipeline -- \
 [--events N] [--runs R] [--quick] [--backlog-only] [--max-in-flight M] [--naive-events N] \
-[--limit-events N] [--paced-seconds S] [--pg-url URL] [--kafka-property KEY=VALUE]...";
+[--limit-events N] [--paced-seconds S] [--pg-url URL] [--kafka-property KEY=VALUE]... \
+[--no-echoes] [--large-events N] [--large-payload-bytes B]";
 
 impl Options {
     pub(crate) fn parse() -> Result<Options> {
@@ -34,6 +40,9 @@ impl Options {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
         let mut quick = false;
         let mut backlog_only = false;
+        let mut echoes = true;
+        let mut large_events: Option<usize> = None;
+        let mut large_payload_bytes = 50 * 1024;
         let mut kafka_properties = vec![(
             "fetch.wait.max.ms".to_owned(),
             DEFAULT_FETCH_WAIT_MS.to_owned(),
@@ -49,6 +58,11 @@ impl Options {
                 "--bench" => {}
                 "--quick" => quick = true,
                 "--backlog-only" => backlog_only = true,
+                "--no-echoes" => echoes = false,
+                "--large-events" => large_events = Some(value("--large-events")?.parse()?),
+                "--large-payload-bytes" => {
+                    large_payload_bytes = value("--large-payload-bytes")?.parse()?
+                }
                 "--events" => events = Some(value("--events")?.parse()?),
                 "--runs" => runs = Some(value("--runs")?.parse()?),
                 "--max-in-flight" => max_in_flight = value("--max-in-flight")?.parse()?,
@@ -87,6 +101,12 @@ impl Options {
             quick,
             backlog_only,
             kafka_properties,
+            echoes,
+            // The mock broker keeps 5 MiB per partition: 600 events of
+            // 50 KiB (about half that once lz4 has the md5 padding) fit in
+            // 6 partitions with room for their echoes.
+            large_events: large_events.unwrap_or(if quick { 300 } else { 600 }).max(1),
+            large_payload_bytes,
         })
     }
 }

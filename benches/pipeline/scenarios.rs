@@ -11,6 +11,17 @@ pub(crate) enum Scenario {
     Paced { rate: f64 },
 }
 
+/// What every scenario varies besides its kind.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Setup {
+    /// The receiver the sidecar posts to.
+    pub(crate) target: Target,
+    /// Publish the sidecar's status writes back onto the topic (see `echo`).
+    pub(crate) echoes: bool,
+    /// Pad each payload to this many bytes (0: the ~350-byte payload).
+    pub(crate) payload_bytes: usize,
+}
+
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ScenarioResult {
     pub(crate) events: usize,
@@ -38,6 +49,37 @@ pub(crate) struct ScenarioResult {
     pub(crate) mean_in_flight: f64,
     /// Mean POST duration (`outbox_dispatch_duration_seconds` sum / count).
     pub(crate) mean_post_ms: f64,
+    /// Echoes published (status writes the change feed carried back).
+    pub(crate) echoes: u64,
+    /// `outbox_cdc_messages_total` of the sidecar at the end / events.
+    pub(crate) messages_per_event: f64,
+    /// TCP connections the receiver accepted, per 1,000 events.
+    pub(crate) connections_per_1k: f64,
+}
+
+/// After the last row is done: publishes the echoes still queued, then
+/// waits (up to 10 s) until the sidecar has consumed every message the
+/// topic got, `n` inserts and the echoes. Returns (echoes, consumed).
+async fn settle(sidecar: &Sidecar, echoes: Option<Echoes>, n: usize) -> Result<(u64, f64)> {
+    let published = match echoes {
+        Some(e) => e.finish().await?,
+        None => 0,
+    };
+    let want = (n as u64 + published) as f64;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let consumed: f64 = sidecar
+            .metrics()
+            .await?
+            .iter()
+            .filter(|(k, _)| k.starts_with("outbox_cdc_messages_total{"))
+            .map(|(_, v)| v)
+            .sum();
+        if consumed >= want || Instant::now() > deadline {
+            return Ok((published, consumed));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -54,10 +96,30 @@ pub(crate) fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
-pub(crate) async fn scenario(env: &Env, kind: Scenario, n: usize) -> Result<ScenarioResult> {
+pub(crate) async fn scenario(
+    env: &Env,
+    kind: Scenario,
+    setup: Setup,
+    n: usize,
+) -> Result<ScenarioResult> {
     env.with_db(|url| async move {
-        let store = open_store(&url, TABLE, 2).await?;
-        insert_rows(&store, n).await?;
+        let store = open_store(&url, TABLE, 4).await?;
+        insert_rows(&store, n, setup.payload_bytes).await?;
+        if setup.echoes {
+            echo::install(&store).await?;
+        }
+        let receiver = env.receivers.get(setup.target);
+        let echoes = |broker: &Broker| -> Result<Option<Echoes>> {
+            Ok(if setup.echoes {
+                Some(Echoes::start(
+                    store.clone(),
+                    &broker.brokers,
+                    &broker.topic,
+                )?)
+            } else {
+                None
+            })
+        };
         let broker = Broker::start("outbox.public.outbox_events")?;
         let fail_tenth = matches!(
             kind,
@@ -67,8 +129,12 @@ pub(crate) async fn scenario(env: &Env, kind: Scenario, n: usize) -> Result<Scen
             }
         );
         let history = !matches!(kind, Scenario::Backlog { history: false, .. });
-        env.receiver.fail_tenth.store(fail_tenth, Ordering::Relaxed);
-        let requests_before = env.receiver.requests.load(Ordering::Relaxed);
+        receiver
+            .state
+            .fail_tenth
+            .store(fail_tenth, Ordering::Relaxed);
+        let requests_before = receiver.state.requests.load(Ordering::Relaxed);
+        let connections_before = receiver.state.connections.load(Ordering::Relaxed);
 
         let mut out = ScenarioResult {
             events: n,
@@ -80,8 +146,8 @@ pub(crate) async fn scenario(env: &Env, kind: Scenario, n: usize) -> Result<Scen
                 let pg0 = postgres_cpu_ticks();
                 let bench0 = self_cpu_ticks();
                 let started = Instant::now();
-                let mut sidecar =
-                    Sidecar::start(env, &url, &broker.brokers, &broker.topic, history)?;
+                let echoes = echoes(&broker)?;
+                let mut sidecar = Sidecar::start(env, &url, &broker, history, receiver)?;
                 let run = async {
                     sidecar.wait_ready().await?;
                     let ready_at = chrono::Utc::now().timestamp_micros();
@@ -112,6 +178,7 @@ pub(crate) async fn scenario(env: &Env, kind: Scenario, n: usize) -> Result<Scen
                         })
                     };
                     let done = wait_all_done(&store, n).await;
+                    (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
                     stop.store(true, Ordering::Relaxed);
                     out.mean_in_flight = sampler.await.unwrap_or(f64::NAN);
                     let m = sidecar.metrics().await?;
@@ -139,8 +206,8 @@ pub(crate) async fn scenario(env: &Env, kind: Scenario, n: usize) -> Result<Scen
             }
             Scenario::Paced { rate } => {
                 let rows = load_rows(&store, 0, n).await?;
-                let mut sidecar =
-                    Sidecar::start(env, &url, &broker.brokers, &broker.topic, history)?;
+                let echoes = echoes(&broker)?;
+                let mut sidecar = Sidecar::start(env, &url, &broker, history, receiver)?;
                 let run = async {
                     sidecar.wait_ready().await?;
                     let ready_at = chrono::Utc::now().timestamp_micros();
@@ -150,6 +217,7 @@ pub(crate) async fn scenario(env: &Env, kind: Scenario, n: usize) -> Result<Scen
                     let times =
                         tokio::task::block_in_place(|| publish_paced(&rows, TABLE, &broker, rate))?;
                     let (_, failed) = wait_all_done(&store, n).await?;
+                    (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
                     let cpu = sidecar.cpu_ticks() - cpu0;
                     out.bench_cpu_per_1k =
                         (self_cpu_ticks() - bench0) as f64 / env.ticks_per_s / n as f64 * 1_000.0;
@@ -164,8 +232,13 @@ pub(crate) async fn scenario(env: &Env, kind: Scenario, n: usize) -> Result<Scen
                 (times, ready_at, cpu, pg)
             }
         };
-        out.requests = env.receiver.requests.load(Ordering::Relaxed) - requests_before;
-        env.receiver.fail_tenth.store(false, Ordering::Relaxed);
+        out.requests = receiver.state.requests.load(Ordering::Relaxed) - requests_before;
+        receiver.state.fail_tenth.store(false, Ordering::Relaxed);
+        out.messages_per_event /= n as f64;
+        out.connections_per_1k = (receiver.state.connections.load(Ordering::Relaxed)
+            - connections_before) as f64
+            / n as f64
+            * 1_000.0;
         out.cpu_per_1k = cpu_ticks as f64 / env.ticks_per_s / n as f64 * 1_000.0;
         out.pg_cpu_per_1k = pg_ticks as f64 / env.ticks_per_s / n as f64 * 1_000.0;
 
@@ -280,5 +353,23 @@ pub(crate) fn add_scenario(
         load,
     );
     sheet.add(&name("HTTP requests"), Unit::Count, o.requests as f64, load);
+    sheet.add(
+        &name("connections opened / 1,000 events (receiver accepts)"),
+        Unit::Ratio,
+        o.connections_per_1k,
+        load,
+    );
+    sheet.add(
+        &name("echoes published"),
+        Unit::Count,
+        o.echoes as f64,
+        load,
+    );
+    sheet.add(
+        &name("messages consumed / event"),
+        Unit::Ratio,
+        o.messages_per_event,
+        load,
+    );
     sheet.add(&name("events"), Unit::Count, o.events as f64, load);
 }

@@ -17,14 +17,14 @@ impl Sidecar {
     pub(crate) fn start(
         env: &Env,
         db_url: &str,
-        brokers: &str,
-        topic: &str,
+        broker: &Broker,
         history: bool,
+        receiver: &Receiver,
     ) -> Result<Sidecar> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let toml = env.settings(db_url, brokers, topic, port)?;
+        let toml = env.settings(db_url, &broker.brokers, &broker.topic, port, receiver)?;
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("sidecar.toml");
         std::fs::write(&config, toml)?;
