@@ -1,0 +1,183 @@
+//! The mock cluster, its producer, and the change events the bench publishes.
+
+use super::*;
+
+pub(crate) struct Broker {
+    // Field order is drop order: producer before its cluster.
+    pub(crate) producer: ThreadedProducer<DefaultProducerContext>,
+    pub(crate) _cluster: MockCluster<'static, DefaultProducerContext>,
+    pub(crate) brokers: String,
+    pub(crate) topic: String,
+}
+
+impl Broker {
+    pub(crate) fn start(topic: &str) -> Result<Broker> {
+        let cluster = MockCluster::new(1).context("starting the mock cluster")?;
+        cluster.create_topic(topic, PARTITIONS, 1)?;
+        let brokers = cluster.bootstrap_servers();
+        let producer = Broker::producer(&brokers)?;
+        Ok(Broker {
+            producer,
+            _cluster: cluster,
+            brokers,
+            topic: topic.to_owned(),
+        })
+    }
+
+    /// The bench's producer settings (the echo task makes one of its own).
+    pub(crate) fn producer(brokers: &str) -> Result<ThreadedProducer<DefaultProducerContext>> {
+        ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("linger.ms", "5")
+            // The mock broker keeps only 5 MiB per partition (older batches
+            // are dropped): compressed batches keep a 50,000-event backlog.
+            .set("compression.type", "lz4")
+            .set("queue.buffering.max.messages", "1000000")
+            .set("queue.buffering.max.kbytes", "1048576")
+            .set("batch.num.messages", "10000")
+            .create()
+            .context("creating a producer")
+    }
+
+    /// Hands one record to the producer, waiting while its queue is full.
+    pub(crate) fn send(&self, key: &str, value: &str) -> Result<()> {
+        send(&self.producer, &self.topic, key, value)
+    }
+
+    pub(crate) fn flush(&self) -> Result<()> {
+        self.producer
+            .flush(Duration::from_secs(60))
+            .context("flushing the producer")
+    }
+
+    pub(crate) fn consumer(
+        &self,
+        group: &str,
+        common: &[(String, String)],
+        extra: &[(&str, &str)],
+    ) -> Result<StreamConsumer> {
+        consumer(&self.brokers, &self.topic, group, common, extra)
+    }
+}
+
+/// A consumer of `topic` with the sidecar's librdkafka configuration and
+/// `common` and `extra` properties on top.
+pub(crate) fn consumer(
+    brokers: &str,
+    topic: &str,
+    group: &str,
+    common: &[(String, String)],
+    extra: &[(&str, &str)],
+) -> Result<StreamConsumer> {
+    let settings = KafkaSettings {
+        brokers: brokers.to_owned(),
+        topic: topic.to_owned(),
+        group_id: group.to_owned(),
+        dead_letter_topic: None,
+        properties: common
+            .iter()
+            .cloned()
+            .chain(
+                extra
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+            )
+            .collect(),
+    };
+    let consumer: StreamConsumer = outbox_sidecar::consumer::client_config(&settings)
+        .create()
+        .context("creating a consumer")?;
+    consumer.subscribe(&[topic])?;
+    Ok(consumer)
+}
+
+/// Hands one record to `producer`, waiting while its queue is full.
+pub(crate) fn send(
+    producer: &ThreadedProducer<DefaultProducerContext>,
+    topic: &str,
+    key: &str,
+    value: &str,
+) -> Result<()> {
+    let mut record = BaseRecord::to(topic).key(key).payload(value);
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                record = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => return Err(e.into()),
+        }
+    }
+}
+
+/// The change event Debezium's PostgreSQL connector writes for an insert
+/// (JsonConverter without schemas): key and value.
+pub(crate) fn change_event(row: &SourceRow, table: &str, seq: usize) -> (String, String) {
+    let micros = |t: NaiveDateTime| t.and_utc().timestamp_micros();
+    let now = chrono::Utc::now().timestamp_millis();
+    let value = json!({
+        "before": null,
+        "after": {
+            "id": row.id,
+            "event_name": row.event_name,
+            "payload": row.payload,
+            "status": "pending",
+            "attempts": 0,
+            "last_error": null,
+            "sent_at": null,
+            "created_at": micros(row.created_at),
+            "updated_at": micros(row.updated_at),
+        },
+        "source": {"version": "2.7.3.Final", "connector": "postgresql", "name": "bench",
+                   "ts_ms": now, "snapshot": "false", "db": "bench", "sequence": null,
+                   "schema": "public", "table": table, "txId": 1000 + seq, "lsn": 40_000_000 + seq * 64,
+                   "xmin": null},
+        "op": "c",
+        "ts_ms": now,
+        "transaction": null,
+    });
+    (json!({"id": row.id}).to_string(), value.to_string())
+}
+
+/// Publishes every row of the table as fast as the producer takes them;
+/// returns the publish time of each id (µs since the epoch, UTC).
+pub(crate) async fn publish_all(store: &Store, broker: &Broker) -> Result<HashMap<i64, i64>> {
+    let mut times = HashMap::new();
+    let mut after = 0;
+    loop {
+        let rows = load_rows(store, after, 5_000).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.id;
+        for row in &rows {
+            let (key, value) = change_event(row, store.table(), times.len());
+            times.insert(row.id, chrono::Utc::now().timestamp_micros());
+            broker.send(&key, &value)?;
+        }
+    }
+    broker.flush()?;
+    Ok(times)
+}
+
+/// Publishes `rows` at `rate` events/s (the first at once).
+pub(crate) fn publish_paced(
+    rows: &[SourceRow],
+    table: &str,
+    broker: &Broker,
+    rate: f64,
+) -> Result<HashMap<i64, i64>> {
+    let mut times = HashMap::new();
+    let start = Instant::now();
+    for (i, row) in rows.iter().enumerate() {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        let (key, value) = change_event(row, table, i);
+        times.insert(row.id, chrono::Utc::now().timestamp_micros());
+        broker.send(&key, &value)?;
+    }
+    broker.flush()?;
+    Ok(times)
+}

@@ -1,0 +1,122 @@
+//! The command line.
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) events: usize,
+    pub(crate) runs: usize,
+    pub(crate) max_in_flight: usize,
+    pub(crate) naive_events: usize,
+    pub(crate) limit_events: usize,
+    pub(crate) paced_seconds: f64,
+    pub(crate) pg_url: String,
+    pub(crate) quick: bool,
+    /// Only scenario 1 (no limits, so no ratios): to compare changes.
+    pub(crate) backlog_only: bool,
+    /// Extra librdkafka properties for every consumer (the sidecar's too).
+    pub(crate) kafka_properties: Vec<(String, String)>,
+    /// Publish the sidecar's status writes back onto the topic (default).
+    pub(crate) echoes: bool,
+    /// The large-payload scenario: this many events of this many bytes.
+    pub(crate) large_events: usize,
+    pub(crate) large_payload_bytes: usize,
+    /// Only the memory scenario (`--memory`), with payloads of this many KiB.
+    pub(crate) memory: Option<usize>,
+}
+
+pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pipeline -- \
+[--events N] [--runs R] [--quick] [--backlog-only] [--max-in-flight M] [--naive-events N] \
+[--limit-events N] [--paced-seconds S] [--pg-url URL] [--kafka-property KEY=VALUE]... \
+[--no-echoes] [--large-events N] [--large-payload-bytes B] \
+| --memory [--events N] [--payload-kib K]";
+
+impl Options {
+    pub(crate) fn parse() -> Result<Options> {
+        let mut events: Option<usize> = None;
+        let mut runs: Option<usize> = None;
+        let mut max_in_flight: Option<usize> = None;
+        let mut memory = false;
+        let mut payload_kib = 200;
+        let mut naive_events: Option<usize> = None;
+        let mut limit_events: Option<usize> = None;
+        let mut paced_seconds = 10.0;
+        let mut pg_url = std::env::var("BENCH_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        let mut quick = false;
+        let mut backlog_only = false;
+        let mut echoes = true;
+        let mut large_events: Option<usize> = None;
+        let mut large_payload_bytes = 50 * 1024;
+        let mut kafka_properties = vec![(
+            "fetch.wait.max.ms".to_owned(),
+            DEFAULT_FETCH_WAIT_MS.to_owned(),
+        )];
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| {
+                args.next()
+                    .ok_or_else(|| anyhow!("{name} needs a value\n{USAGE}"))
+            };
+            match arg.as_str() {
+                // cargo bench passes --bench to every harness = false target.
+                "--bench" => {}
+                "--quick" => quick = true,
+                "--backlog-only" => backlog_only = true,
+                "--memory" => memory = true,
+                "--payload-kib" => payload_kib = value("--payload-kib")?.parse()?,
+                "--no-echoes" => echoes = false,
+                "--large-events" => large_events = Some(value("--large-events")?.parse()?),
+                "--large-payload-bytes" => {
+                    large_payload_bytes = value("--large-payload-bytes")?.parse()?
+                }
+                "--events" => events = Some(value("--events")?.parse()?),
+                "--runs" => runs = Some(value("--runs")?.parse()?),
+                "--max-in-flight" => max_in_flight = Some(value("--max-in-flight")?.parse()?),
+                "--naive-events" => naive_events = Some(value("--naive-events")?.parse()?),
+                "--limit-events" => limit_events = Some(value("--limit-events")?.parse()?),
+                "--paced-seconds" => paced_seconds = value("--paced-seconds")?.parse()?,
+                "--pg-url" => pg_url = value("--pg-url")?,
+                "--kafka-property" => {
+                    let kv = value("--kafka-property")?;
+                    let (k, v) = kv
+                        .split_once('=')
+                        .ok_or_else(|| anyhow!("--kafka-property wants KEY=VALUE, got {kv:?}"))?;
+                    kafka_properties.retain(|(key, _)| key != k);
+                    kafka_properties.push((k.to_owned(), v.to_owned()));
+                }
+                "-h" | "--help" => {
+                    println!("{USAGE}");
+                    std::process::exit(0);
+                }
+                other => bail!("unknown argument {other:?}\n{USAGE}"),
+            }
+        }
+        let events: usize = events.unwrap_or(if quick || memory { 5_000 } else { 50_000 });
+        // The memory scenario runs with the shipped configmap's value.
+        let max_in_flight = max_in_flight.unwrap_or(if memory { 64 } else { 256 });
+        let runs: usize = runs.unwrap_or(if quick { 1 } else { 3 });
+        if events == 0 || runs == 0 || max_in_flight == 0 {
+            bail!("--events, --runs and --max-in-flight must be at least 1");
+        }
+        Ok(Options {
+            events,
+            runs,
+            max_in_flight,
+            naive_events: naive_events.unwrap_or(2_000).clamp(1, events),
+            limit_events: limit_events.unwrap_or(10_000).clamp(1, events),
+            paced_seconds,
+            pg_url,
+            quick,
+            backlog_only,
+            kafka_properties,
+            echoes,
+            // The mock broker keeps 5 MiB per partition: 600 events of
+            // 50 KiB (about half that once lz4 has the md5 padding) fit in
+            // 6 partitions with room for their echoes.
+            large_events: large_events.unwrap_or(if quick { 300 } else { 600 }).max(1),
+            large_payload_bytes,
+            memory: memory.then_some(payload_kib.max(1)),
+        })
+    }
+}
