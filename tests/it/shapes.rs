@@ -53,6 +53,10 @@ async fn prepare_shape(backend: Backend, ddl: &str, opts: Options, receiver: Rec
     let store = Store::connect(&db.url, "outbox_events", 5, Duration::from_secs(5))
         .await
         .expect("store");
+    // As the migration Job does before the sidecar starts: over the
+    // application's table it leaves the columns alone and creates the
+    // sidecar's own tables (the attempt log, the pauses).
+    store.migrate().await.expect("migrate");
     let kafka = Kafka::start();
     let topic = unique("outbox");
     let group = unique("sidecar");
