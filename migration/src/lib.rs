@@ -69,6 +69,28 @@ enum Col {
     UpdatedAt,
 }
 
+/// Creates index `name` on `table`(`col`) unless an index of that name
+/// exists (an index probe: `IF NOT EXISTS` is not portable).
+async fn ensure_index<T: IntoIden + 'static>(
+    manager: &SchemaManager<'_>,
+    table: &str,
+    name: &str,
+    col: T,
+) -> Result<(), DbErr> {
+    if manager.has_index(table, name).await? {
+        return Ok(());
+    }
+    manager
+        .create_index(
+            Index::create()
+                .name(name)
+                .table(Alias::new(table))
+                .col(col)
+                .to_owned(),
+        )
+        .await
+}
+
 /// Rails writes `datetime(6)` on MySQL; a bare `datetime` would cut
 /// `updated_at` to whole seconds and make retry spacing imprecise.
 fn timestamp_col<T: IntoIden>(backend: DbBackend, col: T) -> ColumnDef {
@@ -119,19 +141,7 @@ impl MigrationTrait for CreateOutboxEvents {
             )
             .await?;
 
-        let index = self.status_index_name();
-        if !manager.has_index(&self.table, &index).await? {
-            manager
-                .create_index(
-                    Index::create()
-                        .name(&index)
-                        .table(table)
-                        .col(Col::Status)
-                        .to_owned(),
-                )
-                .await?;
-        }
-        Ok(())
+        ensure_index(manager, &self.table, &self.status_index_name(), Col::Status).await
     }
 
     /// Deliberately not provided: the table may belong to the application
@@ -224,17 +234,7 @@ impl MigrationTrait for CreateAttemptLog {
             .await?;
         for (suffix, col) in [("event_id", Log::EventId), ("started_at", Log::StartedAt)] {
             let index = format!("index_{}_on_{suffix}", self.table);
-            if !manager.has_index(&self.table, &index).await? {
-                manager
-                    .create_index(
-                        Index::create()
-                            .name(&index)
-                            .table(table.clone())
-                            .col(col)
-                            .to_owned(),
-                    )
-                    .await?;
-            }
+            ensure_index(manager, &self.table, &index, col).await?;
         }
         Ok(())
     }
