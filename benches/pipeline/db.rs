@@ -262,3 +262,18 @@ pub(crate) async fn sent_times(store: &Store) -> Result<Vec<(i64, NaiveDateTime)
         .map(|r| Ok((r.try_get("", "id")?, r.try_get("", "sent_at")?)))
         .collect()
 }
+
+/// Bytes of WAL the server has written so far (all databases: a
+/// scenario's figure includes the bench's echo queue).
+pub(crate) async fn wal_bytes(store: &Store) -> Result<i64> {
+    let stmt = Statement::from_string(
+        DbBackend::Postgres,
+        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS b".to_owned(),
+    );
+    let row = store
+        .connection()
+        .query_one_raw(stmt)
+        .await?
+        .ok_or_else(|| anyhow!("no WAL position"))?;
+    Ok(row.try_get("", "b")?)
+}

@@ -159,6 +159,46 @@ pub(crate) async fn publish_all(store: &Store, broker: &Broker) -> Result<HashMa
     Ok(times)
 }
 
+/// Publishes every row of the table in id order as the sidecar consumes:
+/// waits while more than `window` events are published and not yet
+/// `posted()`. Returns the publish time of each id. Fails when nothing is
+/// posted for [`STALL_LIMIT`].
+pub(crate) async fn publish_streamed(
+    store: &Store,
+    broker: &Broker,
+    posted: impl Fn() -> u64,
+    window: usize,
+) -> Result<HashMap<i64, i64>> {
+    let mut times = HashMap::new();
+    let mut after = 0;
+    loop {
+        let rows = load_rows(store, after, 5_000).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.id;
+        for row in &rows {
+            let mut seen = (posted(), Instant::now());
+            while times.len() as u64 >= seen.0 + window as u64 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let now = posted();
+                if now != seen.0 {
+                    seen = (now, Instant::now());
+                } else if seen.1.elapsed() > STALL_LIMIT {
+                    bail!(
+                        "stalled: {} of {} published events posted after {STALL_LIMIT:?} without progress",
+                        now,
+                        times.len()
+                    );
+                }
+            }
+            let (key, value) = change_event(row, store.table(), times.len());
+            times.insert(row.id, chrono::Utc::now().timestamp_micros());
+            broker.send(&key, &value)?;
+        }
+    }
+    broker.flush()?;
+    Ok(times)
+}
+
 /// Publishes `rows` at `rate` events/s (the first at once).
 pub(crate) fn publish_paced(
     rows: &[SourceRow],

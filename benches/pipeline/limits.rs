@@ -7,7 +7,6 @@ pub(crate) fn http_client() -> Result<reqwest::Client> {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(DISPATCH_TIMEOUT)
-        .pool_max_idle_per_host(256)
         .build()
         .context("HTTP client")
 }

@@ -6,7 +6,7 @@
 //! ```text
 //! make bench-pipeline BENCH_ARGS="--quick"
 //! cargo bench -p outbox-sidecar --bench pipeline -- [--events N] [--runs R] [--quick]
-//!       [--backlog-only] [--max-in-flight M] [--naive-events N] [--limit-events N] [--paced-seconds S]
+//!       [--backlog-only [--no-attempt-log]] [--max-in-flight M] [--naive-events N] [--limit-events N] [--paced-seconds S]
 //!       [--pg-url postgres://postgres@127.0.0.1:5432/postgres] [--kafka-property KEY=VALUE]...
 //!       [--no-echoes] [--large-events N] [--large-payload-bytes B]
 //! ```
@@ -57,11 +57,19 @@
 //! 4. Scenario 3, paced: the sidecar running, events published at half the
 //!    rate scenario 1 measured in this run, for `--paced-seconds` (10 s),
 //!    echoes included.
+//! 5. Scenario 4, streamed (the scale goal): the sidecar running, every
+//!    row published as fast as it consumes but never more than
+//!    `--scale-window` (20,000) events ahead of the receiver, so a backlog
+//!    of any size fits the mock broker's 5 MiB per partition; run with
+//!    `--events` and with `--scale-events` (10 × that), echoes on. Peak RSS
+//!    and CPU per event of the two are compared. `--scale-only` runs just
+//!    this pair.
 //!
 //! Every scenario reports the messages the sidecar consumed per event
 //! (`outbox_cdc_messages_total` once it has consumed every insert and
 //! echo, or after 10 s) and the connections its receiver accepted per
-//! 1,000 events (keep-alive).
+//! 1,000 events, and how many of them ended while the sidecar ran: with
+//! keep-alive holding, none.
 //!
 //! Latency is `sent_at` (written by the sidecar from `chrono::Utc::now()`)
 //! minus the publish time the bench recorded with `chrono::Utc::now()` when
@@ -175,6 +183,10 @@ pub(crate) const S1_HTTPS: &str = "S1 backlog, HTTPS receiver";
 /// S1 with large payloads (`--large-events` of `--large-payload-bytes`).
 pub(crate) const S1_LARGE: &str = "S1 backlog, large payloads";
 pub(crate) const S3: &str = "S3 paced";
+/// S4, streamed: the label of its run of `n` events.
+pub(crate) fn s4(n: usize) -> String {
+    format!("S4 streamed, {} events", report::thousands(n as f64))
+}
 
 /// The setup of S1, S2 and S3: the 201 + JSON receiver, with echoes.
 pub(crate) fn base_setup(opts: &Options) -> Setup {
@@ -227,18 +239,62 @@ async fn backlog(
     Ok(s)
 }
 
+/// The scale pair: S4 with `events`, then with `scale_events`.
+async fn scale(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
+    let o = &env.opts;
+    if o.scale_events == 0 {
+        return Ok(());
+    }
+    for n in [o.events, o.scale_events] {
+        let label = s4(n);
+        eprintln!(
+            "[run {run}] {label}: published as consumed, window {} (load {})",
+            o.scale_window,
+            loadavg_line()
+        );
+        let l = load1();
+        let kind = Scenario::Streamed {
+            window: o.scale_window,
+        };
+        let s = scenario(env, kind, base_setup(o), n).await?;
+        eprintln!(
+            "[run {run}]   {:.0} events/s, peak RSS {:.1} MiB, CPU {:.3} s / 1,000 events",
+            s.rate,
+            s.peak_rss as f64 / MIB,
+            s.cpu_per_1k
+        );
+        add_scenario(sheet, &label, &s, l, false);
+    }
+    Ok(())
+}
+
 async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     let o = &env.opts;
     let base = base_setup(o);
     let n = o.events;
+    if o.scale_only {
+        return scale(env, sheet, run).await;
+    }
     if o.backlog_only {
         // For comparing changes: scenario 1 alone, no limits, no ratios.
-        backlog(env, sheet, run, S1, false, true, base, n).await?;
+        if o.no_attempt_log {
+            backlog(env, sheet, run, S1_NO_LOG, false, false, base, n).await?;
+        } else {
+            backlog(env, sheet, run, S1, false, true, base, n).await?;
+        }
         return Ok(());
     }
     limits(env, sheet, run).await?;
+    // The attempt log's cost is the ratio of these two: they swap places
+    // every other run, so neither always comes first after the limits.
+    let log_off_first = run.is_multiple_of(2);
+    if log_off_first {
+        backlog(env, sheet, run, S1_NO_LOG, false, false, base, n).await?;
+    }
     let s1 = backlog(env, sheet, run, S1, false, true, base, n).await?;
-    backlog(env, sheet, run, S1_NO_LOG, false, false, base, n).await?;
+    if !log_off_first {
+        backlog(env, sheet, run, S1_NO_LOG, false, false, base, n).await?;
+    }
     if o.echoes {
         let setup = Setup {
             echoes: false,
@@ -284,7 +340,7 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     eprintln!("[run {run}]   p99 {:.1} ms", s3.p99_ms);
     sheet.add("S3 paced: publish rate (half of S1)", Unit::Rate, rate, l);
     add_scenario(sheet, S3, &s3, l, false);
-    Ok(())
+    scale(env, sheet, run).await
 }
 
 // ---------------------------------------------------------------- main

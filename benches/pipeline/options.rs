@@ -14,6 +14,8 @@ pub(crate) struct Options {
     pub(crate) quick: bool,
     /// Only scenario 1 (no limits, so no ratios): to compare changes.
     pub(crate) backlog_only: bool,
+    /// With `--backlog-only`: S1 with the attempt log off.
+    pub(crate) no_attempt_log: bool,
     /// Extra librdkafka properties for every consumer (the sidecar's too).
     pub(crate) kafka_properties: Vec<(String, String)>,
     /// Publish the sidecar's status writes back onto the topic (default).
@@ -21,14 +23,22 @@ pub(crate) struct Options {
     /// The large-payload scenario: this many events of this many bytes.
     pub(crate) large_events: usize,
     pub(crate) large_payload_bytes: usize,
+    /// The scale pair (S4, streamed): `events` against this many events;
+    /// 0 skips it.
+    pub(crate) scale_events: usize,
+    /// S4's bound on events published and not yet posted.
+    pub(crate) scale_window: usize,
+    /// Only the scale pair (no limits, so only its own goal lines).
+    pub(crate) scale_only: bool,
     /// Only the memory scenario (`--memory`), with payloads of this many KiB.
     pub(crate) memory: Option<usize>,
 }
 
 pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pipeline -- \
 [--events N] [--runs R] [--quick] [--backlog-only] [--max-in-flight M] [--naive-events N] \
-[--limit-events N] [--paced-seconds S] [--pg-url URL] [--kafka-property KEY=VALUE]... \
+[--limit-events N] [--paced-seconds S] [--no-attempt-log] [--pg-url URL] [--kafka-property KEY=VALUE]... \
 [--no-echoes] [--large-events N] [--large-payload-bytes B] \
+[--scale-events N] [--scale-window W] [--scale-only] \
 | --memory [--events N] [--payload-kib K]";
 
 impl Options {
@@ -45,9 +55,13 @@ impl Options {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
         let mut quick = false;
         let mut backlog_only = false;
+        let mut no_attempt_log = false;
         let mut echoes = true;
         let mut large_events: Option<usize> = None;
         let mut large_payload_bytes = 50 * 1024;
+        let mut scale_events: Option<usize> = None;
+        let mut scale_window = 20_000;
+        let mut scale_only = false;
         let mut kafka_properties = vec![(
             "fetch.wait.max.ms".to_owned(),
             DEFAULT_FETCH_WAIT_MS.to_owned(),
@@ -63,6 +77,7 @@ impl Options {
                 "--bench" => {}
                 "--quick" => quick = true,
                 "--backlog-only" => backlog_only = true,
+                "--no-attempt-log" => no_attempt_log = true,
                 "--memory" => memory = true,
                 "--payload-kib" => payload_kib = value("--payload-kib")?.parse()?,
                 "--no-echoes" => echoes = false,
@@ -70,6 +85,9 @@ impl Options {
                 "--large-payload-bytes" => {
                     large_payload_bytes = value("--large-payload-bytes")?.parse()?
                 }
+                "--scale-events" => scale_events = Some(value("--scale-events")?.parse()?),
+                "--scale-window" => scale_window = value("--scale-window")?.parse()?,
+                "--scale-only" => scale_only = true,
                 "--events" => events = Some(value("--events")?.parse()?),
                 "--runs" => runs = Some(value("--runs")?.parse()?),
                 "--max-in-flight" => max_in_flight = Some(value("--max-in-flight")?.parse()?),
@@ -109,6 +127,7 @@ impl Options {
             pg_url,
             quick,
             backlog_only,
+            no_attempt_log,
             kafka_properties,
             echoes,
             // The mock broker keeps 5 MiB per partition: 600 events of
@@ -117,6 +136,10 @@ impl Options {
             large_events: large_events.unwrap_or(if quick { 300 } else { 600 }).max(1),
             large_payload_bytes,
             memory: memory.then_some(payload_kib.max(1)),
+            // Ten times the backlog; a quick run skips it unless asked.
+            scale_events: scale_events.unwrap_or(if quick { 0 } else { events * 10 }),
+            scale_window: scale_window.max(1),
+            scale_only,
         })
     }
 }

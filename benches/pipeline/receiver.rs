@@ -33,6 +33,9 @@ pub(crate) struct ReceiverState {
     pub(crate) refused: AtomicU64,
     /// TCP connections accepted.
     pub(crate) connections: AtomicU64,
+    /// Connections that ended (closed by either side, or a failed TLS
+    /// handshake).
+    pub(crate) closed: AtomicU64,
     /// Request body bytes received.
     pub(crate) body_bytes: AtomicU64,
 }
@@ -156,6 +159,15 @@ fn tls_acceptor() -> Result<(String, tokio_rustls::TlsAcceptor)> {
     Ok((ca.pem(), tokio_rustls::TlsAcceptor::from(Arc::new(config))))
 }
 
+/// Counts a connection's end when its task ends, however it ends.
+struct Closed(Arc<ReceiverState>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        self.0.closed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Serves the receiver on a port of 127.0.0.1, counting each accepted
 /// connection; over TLS when `tls` is given. HTTP/1.1 with keep-alive.
 async fn start_receiver(
@@ -168,6 +180,7 @@ async fn start_receiver(
         requests: AtomicU64::new(0),
         refused: AtomicU64::new(0),
         connections: AtomicU64::new(0),
+        closed: AtomicU64::new(0),
         body_bytes: AtomicU64::new(0),
     });
     let app = axum::Router::new()
@@ -189,8 +202,9 @@ async fn start_receiver(
             };
             counter.connections.fetch_add(1, Ordering::Relaxed);
             let _ = tcp.set_nodelay(true);
-            let (app, tls) = (app.clone(), tls.clone());
+            let (app, tls, counter) = (app.clone(), tls.clone(), counter.clone());
             tokio::spawn(async move {
+                let _closed = Closed(counter);
                 let service = hyper_util::service::TowerToHyperService::new(app);
                 let http = hyper::server::conn::http1::Builder::new();
                 match tls {

@@ -138,6 +138,12 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
         );
     }
     line(&mut out, String::new());
+    if opts.scale_only {
+        for l in scale_lines(opts, sheet) {
+            line(&mut out, l);
+        }
+        return out;
+    }
     if opts.backlog_only {
         // No limits were measured: no ratios, no verdicts.
         line(
@@ -220,6 +226,27 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
             rate1 / naive
         ),
     );
+    // What the machine allows: every process of the rig shares its cores,
+    // so the CPU all of them spend per event bounds the rate.
+    let cpu_of = |what: &str| m(&format!("{S1}: CPU s / 1,000 events ({what})")) * 1_000.0;
+    let (side, bench, pg) = (
+        cpu_of("sidecar process"),
+        cpu_of("bench process: broker, receiver"),
+        cpu_of("postgres, approx."),
+    );
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let bound = cores * 1e6 / (side + bench + pg);
+    line(
+        &mut out,
+        format!(
+            "S1 CPU per event, every process of the rig: sidecar {side:.1} µs + bench (broker, \
+             receiver, echoes) {bench:.1} µs + PostgreSQL {pg:.1} µs = {:.1} µs; {cores:.0} cores \
+             allow at most {} here; S1 reached × {:.2} of that",
+            side + bench + pg,
+            show(bound, Unit::Rate),
+            rate1 / bound
+        ),
+    );
     // Cost per event: the sidecar's CPU against the client-side CPU of
     // its parts, each measured in a child process of its own.
     let per_msg = m(CPU_CONSUME);
@@ -236,6 +263,26 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
              + {per_row:.1} µs row (× {:.2})",
             verdict(sidecar_us <= 1.5 * parts_us),
             sidecar_us / parts_us
+        ),
+    );
+    let wal = |label: &str| {
+        m(&format!(
+            "{label}: WAL bytes / event (the whole server, echo queue included)"
+        ))
+    };
+    let cpu_pg = |label: &str| {
+        m(&format!(
+            "{label}: CPU s / 1,000 events (postgres, approx.)"
+        ))
+    };
+    line(
+        &mut out,
+        format!(
+            "the attempt log's cost in PostgreSQL: WAL {} vs {} bytes / event, CPU {:.1} vs {:.1} µs / event (S1 with it vs without)",
+            thousands(wal(S1)),
+            thousands(wal(S1_NO_LOG)),
+            cpu_pg(S1) * 1_000.0,
+            cpu_pg(S1_NO_LOG) * 1_000.0
         ),
     );
     let (logged, unlogged) = (rate_of(S1), rate_of(S1_NO_LOG));
@@ -285,21 +332,29 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
             show(rss + 64.0, Unit::MiB),
         ),
     );
-    // Keep-alive: a receiver that sees more connections than requests can
-    // be in flight at once is seeing connections dropped.
+    // Keep-alive: a connection the receiver saw end while the sidecar ran
+    // was dropped (a body left unread, an error, an idle cap), and the next
+    // request paid a new handshake. More connections than slots alone is
+    // not that: hyper's pool starts a connection for a request that finds
+    // none idle and keeps it even when another frees first, so a ramp-up
+    // can open a few more than max_in_flight, all of them kept.
     for label in [S1, S1_204, S1_HTTPS] {
         let per_1k = m(&format!(
             "{label}: connections opened / 1,000 events (receiver accepts)"
+        ));
+        let closed = m(&format!(
+            "{label}: connections closed while the sidecar ran"
         ));
         let total = per_1k * opts.events as f64 / 1_000.0;
         line(
             &mut out,
             format!(
-                "{} {label}: keep-alive holds (connections opened ≤ max_in_flight {}): {} \
-                 ({per_1k:.2} / 1,000 events)",
-                verdict(total <= opts.max_in_flight as f64),
-                opts.max_in_flight,
+                "{} {label}: keep-alive holds (no connection closed while the sidecar ran): {} \
+                 closed; {} opened for max_in_flight {} ({per_1k:.2} / 1,000 events)",
+                verdict(closed == 0.0),
+                thousands(closed),
                 thousands(total),
+                opts.max_in_flight,
             ),
         );
     }
@@ -316,6 +371,9 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
             c2 / c1
         ),
     );
+    for l in scale_lines(opts, sheet) {
+        line(&mut out, l);
+    }
     if opts.quick {
         line(
             &mut out,
@@ -323,4 +381,45 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
         );
     }
     out
+}
+
+/// The scale goal: S4's peak RSS and CPU per event with `scale_events`
+/// within ±10% of its figures with `events`.
+fn scale_lines(opts: &Options, sheet: &Sheet) -> Vec<String> {
+    if opts.scale_events == 0 {
+        return vec!["scale goal: not measured (--scale-events 0)".to_owned()];
+    }
+    let (small, large) = (s4(opts.events), s4(opts.scale_events));
+    let m = |label: &str, what: &str| sheet.median(&format!("{label}: {what}"));
+    let verdict = |r: f64| {
+        if (0.9..=1.1).contains(&r) {
+            "PASS"
+        } else {
+            "MISS"
+        }
+    };
+    let rss = "peak RSS of the sidecar process (VmHWM)";
+    let cpu = "CPU s / 1,000 events (sidecar process)";
+    let (r0, r1) = (m(&small, rss), m(&large, rss));
+    let (c0, c1) = (m(&small, cpu), m(&large, cpu));
+    let (e0, e1) = (
+        thousands(opts.events as f64),
+        thousands(opts.scale_events as f64),
+    );
+    vec![
+        format!(
+            "{} peak RSS flat with scale (S4 {e1} within ±10% of S4 {e0}): {} vs {} (× {:.2})",
+            verdict(r1 / r0),
+            show(r1, Unit::MiB),
+            show(r0, Unit::MiB),
+            r1 / r0
+        ),
+        format!(
+            "{} CPU / event flat with scale (S4 {e1} within ±10% of S4 {e0}): {:.1} µs vs {:.1} µs (× {:.2})",
+            verdict(c1 / c0),
+            c1 * 1_000.0,
+            c0 * 1_000.0,
+            c1 / c0
+        ),
+    ]
 }

@@ -9,6 +9,11 @@ pub(crate) enum Scenario {
     Backlog { fail_tenth: bool, history: bool },
     /// Start the sidecar, then publish at `rate` events/s.
     Paced { rate: f64 },
+    /// Start the sidecar, then publish as it consumes: never more than
+    /// `window` events published and not yet posted. A backlog of any size
+    /// this way, within the mock broker's 5 MiB per partition (the scale
+    /// goal: 50,000 against 500,000 events).
+    Streamed { window: usize },
 }
 
 /// What every scenario varies besides its kind.
@@ -55,6 +60,12 @@ pub(crate) struct ScenarioResult {
     pub(crate) messages_per_event: f64,
     /// TCP connections the receiver accepted, per 1,000 events.
     pub(crate) connections_per_1k: f64,
+    /// WAL the server wrote over the same span as the CPU figures, per
+    /// event (the echo queue's writes included).
+    pub(crate) wal_per_event: f64,
+    /// Connections that ended while the sidecar ran (0 while keep-alive
+    /// holds: the sidecar's own stop closes the rest).
+    pub(crate) closed_while_running: u64,
 }
 
 /// After the last row is done: publishes the echoes still queued, then
@@ -135,6 +146,8 @@ pub(crate) async fn scenario(
             .store(fail_tenth, Ordering::Relaxed);
         let requests_before = receiver.state.requests.load(Ordering::Relaxed);
         let connections_before = receiver.state.connections.load(Ordering::Relaxed);
+        let closed_before = receiver.state.closed.load(Ordering::Relaxed);
+        let closed_so_far = || receiver.state.closed.load(Ordering::Relaxed) - closed_before;
 
         let mut out = ScenarioResult {
             events: n,
@@ -143,6 +156,7 @@ pub(crate) async fn scenario(
         let (times, ready_at, cpu_ticks, pg_ticks) = match kind {
             Scenario::Backlog { .. } => {
                 let times = publish_all(&store, &broker).await?;
+                let wal0 = wal_bytes(&store).await?;
                 let pg0 = postgres_cpu_ticks();
                 let bench0 = self_cpu_ticks();
                 let started = Instant::now();
@@ -195,10 +209,12 @@ pub(crate) async fn scenario(
                 }
                 .await;
                 let cpu = sidecar.cpu_ticks();
+                out.wal_per_event = (wal_bytes(&store).await? - wal0) as f64 / n as f64;
                 out.bench_cpu_per_1k =
                     (self_cpu_ticks() - bench0) as f64 / env.ticks_per_s / n as f64 * 1_000.0;
                 let pg = postgres_cpu_delta(&pg0);
                 out.peak_rss = sidecar.peak_rss();
+                out.closed_while_running = closed_so_far();
                 sidecar.stop().await?;
                 let (ready_at, failed) = run?;
                 out.failed_rows = failed;
@@ -226,12 +242,44 @@ pub(crate) async fn scenario(
                 }
                 .await;
                 out.peak_rss = sidecar.peak_rss();
+                out.closed_while_running = closed_so_far();
+                sidecar.stop().await?;
+                let (times, ready_at, cpu, pg, failed) = run?;
+                out.failed_rows = failed;
+                (times, ready_at, cpu, pg)
+            }
+            Scenario::Streamed { window } => {
+                let echoes = echoes(&broker)?;
+                let mut sidecar = Sidecar::start(env, &url, &broker, history, receiver)?;
+                let run = async {
+                    sidecar.wait_ready().await?;
+                    let ready_at = chrono::Utc::now().timestamp_micros();
+                    let pg0 = postgres_cpu_ticks();
+                    let cpu0 = sidecar.cpu_ticks();
+                    let bench0 = self_cpu_ticks();
+                    let wal0 = wal_bytes(&store).await?;
+                    let posted =
+                        || receiver.state.requests.load(Ordering::Relaxed) - requests_before;
+                    let times = publish_streamed(&store, &broker, posted, window).await?;
+                    let (_, failed) = wait_all_done(&store, n).await?;
+                    (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
+                    let cpu = sidecar.cpu_ticks() - cpu0;
+                    out.wal_per_event = (wal_bytes(&store).await? - wal0) as f64 / n as f64;
+                    out.bench_cpu_per_1k =
+                        (self_cpu_ticks() - bench0) as f64 / env.ticks_per_s / n as f64 * 1_000.0;
+                    let pg = postgres_cpu_delta(&pg0);
+                    Ok::<_, anyhow::Error>((times, ready_at, cpu, pg, failed))
+                }
+                .await;
+                out.peak_rss = sidecar.peak_rss();
+                out.closed_while_running = closed_so_far();
                 sidecar.stop().await?;
                 let (times, ready_at, cpu, pg, failed) = run?;
                 out.failed_rows = failed;
                 (times, ready_at, cpu, pg)
             }
         };
+
         out.requests = receiver.state.requests.load(Ordering::Relaxed) - requests_before;
         receiver.state.fail_tenth.store(false, Ordering::Relaxed);
         out.messages_per_event /= n as f64;
@@ -277,7 +325,7 @@ pub(crate) async fn scenario(
         out.ready_p50_clean_ms = percentile(&sorted(clean_from_ready), 50.0);
         out.p50_refused_ms = percentile(&sorted(refused), 50.0);
         let from = match kind {
-            Scenario::Backlog { .. } => ready_at,
+            Scenario::Backlog { .. } | Scenario::Streamed { .. } => ready_at,
             Scenario::Paced { .. } => first_publish,
         };
         out.rate = n as f64 / ((last_sent - from) as f64 / 1e6).max(1e-6);
@@ -352,11 +400,25 @@ pub(crate) fn add_scenario(
         o.pg_cpu_per_1k,
         load,
     );
+    if o.wal_per_event > 0.0 {
+        sheet.add(
+            &name("WAL bytes / event (the whole server, echo queue included)"),
+            Unit::Count,
+            o.wal_per_event,
+            load,
+        );
+    }
     sheet.add(&name("HTTP requests"), Unit::Count, o.requests as f64, load);
     sheet.add(
         &name("connections opened / 1,000 events (receiver accepts)"),
         Unit::Ratio,
         o.connections_per_1k,
+        load,
+    );
+    sheet.add(
+        &name("connections closed while the sidecar ran"),
+        Unit::Count,
+        o.closed_while_running as f64,
         load,
     );
     sheet.add(

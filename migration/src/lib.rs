@@ -77,18 +77,28 @@ async fn ensure_index<T: IntoIden + 'static>(
     name: &str,
     col: T,
 ) -> Result<(), DbErr> {
+    ensure_index_of(manager, table, name, col, None).await
+}
+
+/// As [`ensure_index`], of type `kind` (`USING kind` on PostgreSQL).
+async fn ensure_index_of<T: IntoIden + 'static>(
+    manager: &SchemaManager<'_>,
+    table: &str,
+    name: &str,
+    col: T,
+    kind: Option<&'static str>,
+) -> Result<(), DbErr> {
     if manager.has_index(table, name).await? {
         return Ok(());
     }
-    manager
-        .create_index(
-            Index::create()
-                .name(name)
-                .table(Alias::new(table))
-                .col(col)
-                .to_owned(),
-        )
-        .await
+    let mut index = Index::create();
+    index.name(name).table(Alias::new(table)).col(col);
+    if let Some(kind) = kind {
+        index.index_type(sea_orm::sea_query::IndexType::Custom(
+            Alias::new(kind).into_iden(),
+        ));
+    }
+    manager.create_index(index.to_owned()).await
 }
 
 /// Rails writes `datetime(6)` on MySQL; a bare `datetime` would cut
@@ -232,10 +242,15 @@ impl MigrationTrait for CreateAttemptLog {
                     .to_owned(),
             )
             .await?;
-        for (suffix, col) in [("event_id", Log::EventId), ("started_at", Log::StartedAt)] {
-            let index = format!("index_{}_on_{suffix}", self.table);
-            ensure_index(manager, &self.table, &index, col).await?;
-        }
+        let index = format!("index_{}_on_event_id", self.table);
+        ensure_index(manager, &self.table, &index, Log::EventId).await?;
+        // Rows arrive in started_at order, which is what a BRIN index is
+        // for: prune finds the old ones through it, and it costs next to
+        // nothing per insert (a b-tree here cost the log a tenth of its
+        // write cost: benches/RESULTS.md). MySQL and SQLite have no BRIN.
+        let kind = (backend == DbBackend::Postgres).then_some("brin");
+        let index = format!("index_{}_on_started_at", self.table);
+        ensure_index_of(manager, &self.table, &index, Log::StartedAt, kind).await?;
         Ok(())
     }
 

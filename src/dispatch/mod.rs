@@ -85,10 +85,14 @@ impl Dispatcher {
             .filter(|v| !v.is_empty())
             .collect();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        // No cap on idle connections (reqwest's default): the in-flight
+        // limit bounds how many are ever open, and a cap below it (this
+        // was 256) closes a connection whenever more than that many are
+        // idle at once, so a replica with `max_in_flight` above the cap
+        // would reconnect instead of reusing.
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .timeout(settings.timeout)
-            .pool_max_idle_per_host(256);
+            .timeout(settings.timeout);
         let client = tls::configure(client, settings)
             .map_err(|e| invalid(format!("{}: {}", e.key, e.message)))?
             .build()

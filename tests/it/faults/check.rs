@@ -28,6 +28,10 @@ use crate::harness::receiver::Received;
 use crate::harness::TestApp;
 
 /// What a scenario tells the checker about itself.
+/// How late after a kill the receiver may stamp a request the killed
+/// process wrote (see the replay attribution in [`check`]).
+const RECORD_SLACK: Duration = Duration::from_secs(1);
+
 pub struct Spec<'a> {
     pub scenario: &'a str,
     pub max_attempts: i32,
@@ -263,7 +267,15 @@ pub fn judge(
                 continue;
             };
             f.replays += 1;
-            match disruptions.iter().position(|d| twin.at <= *d && *d <= r.at) {
+            // The receiver stamps a request when it has read it, which can
+            // be a few milliseconds after a killed process wrote it, so
+            // after the moment the kill is recorded (taken once the process
+            // is reaped). A twin stamped just after a kill was still sent
+            // before it: a restarted process needs seconds (connect, join)
+            // before its first request. Without this slack such a replay
+            // was charged to the next disruption on top of that one's own.
+            let sent_by = twin.at - chrono::Duration::from_std(RECORD_SLACK).unwrap();
+            match disruptions.iter().position(|d| sent_by <= *d && *d <= r.at) {
                 Some(k) => *per_disruption.entry(k).or_default() += 1,
                 None => v.push(format!(
                     "event {id}: attempt {} sent again at {} (first at {}) with no crash or revoke in between",
