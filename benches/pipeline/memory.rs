@@ -123,11 +123,13 @@ pub(crate) async fn memory(env: &Env, kib: usize) -> Result<()> {
             receiver.state.requests.load(Ordering::Relaxed),
             receiver.state.body_bytes.load(Ordering::Relaxed),
         );
+        let answered0 = receiver.state.answered.load(Ordering::Relaxed);
+        let answered = || receiver.state.answered.load(Ordering::Relaxed) - answered0;
         let mut sidecar = Sidecar::start(env, &url, &broker, true, receiver)?;
         let run = async {
             sidecar.wait_ready().await?;
             let ready = Instant::now();
-            let done = wait_all_done(&store, n).await?;
+            let done = wait_all_done(&store, n, answered).await?;
             Ok::<_, anyhow::Error>((done, ready.elapsed()))
         }
         .await;

@@ -33,6 +33,8 @@ pub(crate) struct ReceiverState {
     pub(crate) refused: AtomicU64,
     /// TCP connections accepted.
     pub(crate) connections: AtomicU64,
+    /// 2xx answers given.
+    pub(crate) answered: AtomicU64,
     /// Connections that ended (closed by either side, or a failed TLS
     /// handshake).
     pub(crate) closed: AtomicU64,
@@ -59,6 +61,7 @@ pub(crate) async fn receive(
             }
         }
     }
+    state.answered.fetch_add(1, Ordering::Relaxed);
     match state.answer {
         Answer::NoContent => StatusCode::NO_CONTENT.into_response(),
         Answer::Created => (
@@ -181,6 +184,7 @@ async fn start_receiver(
         refused: AtomicU64::new(0),
         connections: AtomicU64::new(0),
         closed: AtomicU64::new(0),
+        answered: AtomicU64::new(0),
         body_bytes: AtomicU64::new(0),
     });
     let app = axum::Router::new()

@@ -145,6 +145,8 @@ pub(crate) async fn scenario(
             .fail_tenth
             .store(fail_tenth, Ordering::Relaxed);
         let requests_before = receiver.state.requests.load(Ordering::Relaxed);
+        let answered_before = receiver.state.answered.load(Ordering::Relaxed);
+        let answered = || receiver.state.answered.load(Ordering::Relaxed) - answered_before;
         let connections_before = receiver.state.connections.load(Ordering::Relaxed);
         let closed_before = receiver.state.closed.load(Ordering::Relaxed);
         let closed_so_far = || receiver.state.closed.load(Ordering::Relaxed) - closed_before;
@@ -191,7 +193,7 @@ pub(crate) async fn scenario(
                             sum / count.max(1) as f64
                         })
                     };
-                    let done = wait_all_done(&store, n).await;
+                    let done = wait_all_done(&store, n, answered).await;
                     (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
                     stop.store(true, Ordering::Relaxed);
                     out.mean_in_flight = sampler.await.unwrap_or(f64::NAN);
@@ -232,7 +234,7 @@ pub(crate) async fn scenario(
                     let bench0 = self_cpu_ticks();
                     let times =
                         tokio::task::block_in_place(|| publish_paced(&rows, TABLE, &broker, rate))?;
-                    let (_, failed) = wait_all_done(&store, n).await?;
+                    let (_, failed) = wait_all_done(&store, n, answered).await?;
                     (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
                     let cpu = sidecar.cpu_ticks() - cpu0;
                     out.bench_cpu_per_1k =
@@ -261,7 +263,7 @@ pub(crate) async fn scenario(
                     let posted =
                         || receiver.state.requests.load(Ordering::Relaxed) - requests_before;
                     let times = publish_streamed(&store, &broker, posted, window).await?;
-                    let (_, failed) = wait_all_done(&store, n).await?;
+                    let (_, failed) = wait_all_done(&store, n, answered).await?;
                     (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
                     let cpu = sidecar.cpu_ticks() - cpu0;
                     out.wal_per_event = (wal_bytes(&store).await? - wal0) as f64 / n as f64;
