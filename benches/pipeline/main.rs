@@ -104,7 +104,8 @@
 //! the table every 50 ms, a full scan of 50,000 rows and their dead
 //! versions that took ~10% of the machine's CPU during every scenario,
 //! was charged to PostgreSQL, and slowed the sidecar it shared the cores
-//! with (S1 5,585 → 7,461 events/s with the same binary).
+//! with (S1 5,662 → 7,117 events/s, medians of 3, with the same binary:
+//! `benches/RESULTS.md`).
 //!
 //! Goals are reported, never asserted: PASS/MISS lines at the end.
 

@@ -123,8 +123,8 @@ pub(crate) async fn memory(env: &Env, kib: usize) -> Result<()> {
             receiver.state.requests.load(Ordering::Relaxed),
             receiver.state.body_bytes.load(Ordering::Relaxed),
         );
-        let answered0 = receiver.state.answered.load(Ordering::Relaxed);
-        let answered = || receiver.state.answered.load(Ordering::Relaxed) - answered0;
+        let answered0 = receiver.state.answered();
+        let answered = || receiver.state.answered() - answered0;
         let mut sidecar = Sidecar::start(env, &url, &broker, true, receiver)?;
         let run = async {
             sidecar.wait_ready().await?;

@@ -33,8 +33,6 @@ pub(crate) struct ReceiverState {
     pub(crate) refused: AtomicU64,
     /// TCP connections accepted.
     pub(crate) connections: AtomicU64,
-    /// 2xx answers given.
-    pub(crate) answered: AtomicU64,
     /// Connections that ended (closed by either side, or a failed TLS
     /// handshake).
     pub(crate) closed: AtomicU64,
@@ -61,7 +59,6 @@ pub(crate) async fn receive(
             }
         }
     }
-    state.answered.fetch_add(1, Ordering::Relaxed);
     match state.answer {
         Answer::NoContent => StatusCode::NO_CONTENT.into_response(),
         Answer::Created => (
@@ -75,6 +72,14 @@ pub(crate) async fn receive(
             .to_string(),
         )
             .into_response(),
+    }
+}
+
+impl ReceiverState {
+    /// Requests answered 2xx (or about to be): every request but the
+    /// refused ones.
+    pub(crate) fn answered(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed) - self.refused.load(Ordering::Relaxed)
     }
 }
 
@@ -184,7 +189,6 @@ async fn start_receiver(
         refused: AtomicU64::new(0),
         connections: AtomicU64::new(0),
         closed: AtomicU64::new(0),
-        answered: AtomicU64::new(0),
         body_bytes: AtomicU64::new(0),
     });
     let app = axum::Router::new()

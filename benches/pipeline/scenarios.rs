@@ -145,8 +145,8 @@ pub(crate) async fn scenario(
             .fail_tenth
             .store(fail_tenth, Ordering::Relaxed);
         let requests_before = receiver.state.requests.load(Ordering::Relaxed);
-        let answered_before = receiver.state.answered.load(Ordering::Relaxed);
-        let answered = || receiver.state.answered.load(Ordering::Relaxed) - answered_before;
+        let answered_before = receiver.state.answered();
+        let answered = || receiver.state.answered() - answered_before;
         let connections_before = receiver.state.connections.load(Ordering::Relaxed);
         let closed_before = receiver.state.closed.load(Ordering::Relaxed);
         let closed_so_far = || receiver.state.closed.load(Ordering::Relaxed) - closed_before;
