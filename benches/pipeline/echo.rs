@@ -14,6 +14,20 @@
 //! about 2 KB) is not in the WAL record of an update that left it alone,
 //! so Debezium writes its placeholder `__debezium_unavailable_value`
 //! there, and so does the bench.
+//!
+//! What a take costs PostgreSQL is the bench's, not the sidecar's, and it
+//! used to be most of PostgreSQL's CPU in S1 (a per-process `perf` of one
+//! run: the four echo connections 22% of all samples, the sidecar's seven
+//! 20%). Two causes, both fixed:
+//! - the join to the outbox table was planned for the take's `LIMIT`
+//!   (2,000 rows) rather than the few dozen a take finds: a merge join
+//!   that walked the table's primary key from its start, 16,322 rows for
+//!   191 echoes in one `EXPLAIN ANALYZE` mid-run. It is now a lateral
+//!   lookup by id (`OFFSET 0` keeps the planner from flattening it);
+//! - every take walked, from the start of the queue's index, the entries
+//!   the earlier takes had deleted (the CI server runs without
+//!   autovacuum): 14,887 heap fetches to find the oldest entry mid-run.
+//!   A take now starts past what was already taken (see [`Floor`]).
 
 use super::*;
 
@@ -53,6 +67,7 @@ CREATE TRIGGER bench_echo AFTER UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION benc
 
 /// One queued change, with the unchanging columns joined from the table.
 struct Change {
+    seq: i64,
     id: i64,
     event_name: String,
     payload: String,
@@ -64,24 +79,31 @@ struct Change {
     updated_at: NaiveDateTime,
 }
 
-/// Takes up to `limit` queued changes, oldest first.
-async fn take(store: &Store, limit: usize) -> Result<Vec<Change>> {
+/// Takes up to `limit` queued changes past `floor`, oldest first.
+async fn take(store: &Store, limit: usize, floor: i64) -> Result<Vec<Change>> {
     let sql = format!(
         "WITH d AS (DELETE FROM bench_echo WHERE seq IN \
-             (SELECT seq FROM bench_echo ORDER BY seq LIMIT {limit}) RETURNING *) \
-         SELECT d.*, o.event_name, \
-             CASE WHEN pg_column_size(o.payload) > {TOAST_THRESHOLD} \
-                  THEN '{UNAVAILABLE}' ELSE o.payload::text END AS payload, o.created_at \
-         FROM d JOIN {} AS o ON o.id = d.id ORDER BY d.seq",
+             (SELECT seq FROM bench_echo WHERE seq > $1 ORDER BY seq LIMIT {limit}) RETURNING *) \
+         SELECT d.*, o.* FROM d CROSS JOIN LATERAL \
+             (SELECT event_name, created_at, \
+                  CASE WHEN pg_column_size(payload) > {TOAST_THRESHOLD} \
+                  THEN '{UNAVAILABLE}' ELSE payload::text END AS payload \
+              FROM {} WHERE id = d.id OFFSET 0) AS o \
+         ORDER BY d.seq",
         store.table()
     );
     let rows = store
         .connection()
-        .query_all_raw(Statement::from_string(DbBackend::Postgres, sql))
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql,
+            [floor.into()],
+        ))
         .await?;
     rows.iter()
         .map(|r| {
             Ok(Change {
+                seq: r.try_get("", "seq")?,
                 id: r.try_get("", "id")?,
                 event_name: r.try_get("", "event_name")?,
                 payload: r.try_get("", "payload")?,
@@ -95,6 +117,45 @@ async fn take(store: &Store, limit: usize) -> Result<Vec<Change>> {
         })
         .collect::<Result<Vec<_>, sea_orm::DbErr>>()
         .map_err(Into::into)
+}
+
+/// Where the next take starts. Entries become visible when the write that
+/// queued them commits, so one may appear below entries already taken (its
+/// transaction took its `seq` earlier and committed later): every `seq`
+/// skipped over is a gap, and the floor stays below the oldest gap until it
+/// is taken, or for [`GAP_WAIT`] (a rolled-back write leaves its `seq`
+/// unused for ever).
+#[derive(Default)]
+struct Floor {
+    /// Every entry at or below it has been taken (or given up on).
+    at: i64,
+    /// The highest `seq` taken.
+    top: i64,
+    /// Gaps below `top`, with when they were first seen.
+    gaps: std::collections::BTreeMap<i64, std::time::Instant>,
+}
+
+/// How long a gap in the queue is waited for.
+const GAP_WAIT: Duration = Duration::from_secs(10);
+
+impl Floor {
+    fn advance(&mut self, taken: &[Change]) {
+        let now = std::time::Instant::now();
+        let mut seqs: Vec<i64> = taken.iter().map(|c| c.seq).collect();
+        seqs.sort_unstable();
+        for &seq in &seqs {
+            self.gaps.remove(&seq);
+            for gap in self.top + 1..seq {
+                self.gaps.insert(gap, now);
+            }
+            self.top = self.top.max(seq);
+        }
+        self.gaps.retain(|_, seen| now.duration_since(*seen) < GAP_WAIT);
+        self.at = match self.gaps.keys().next() {
+            Some(&oldest) => oldest - 1,
+            None => self.top,
+        };
+    }
 }
 
 /// The update event for one change: key and value.
@@ -145,11 +206,13 @@ impl Echoes {
         let task = {
             let (stop, published) = (stop.clone(), published.clone());
             tokio::spawn(async move {
+                let mut floor = Floor::default();
                 loop {
                     // Read the flag before the queue: after a stop, one more
                     // pass takes whatever was queued before it.
                     let stopping = stop.load(Ordering::Relaxed);
-                    let changes = take(&store, 2_000).await?;
+                    let changes = take(&store, 2_000, floor.at).await?;
+                    floor.advance(&changes);
                     for c in &changes {
                         let seq = published.fetch_add(1, Ordering::Relaxed);
                         let (key, value) = update_event(c, store.table(), seq);
