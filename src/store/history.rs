@@ -104,7 +104,31 @@ fn cut(detail: &Option<String>) -> Option<String> {
     detail.as_deref().map(super::truncate_error)
 }
 
-fn quoted(table: &str) -> String {
+/// The attempts' own columns as five PostgreSQL array parameters, in this
+/// order: attempt, started_at, duration_ms, http_status (0: none), detail
+/// ('': none).
+pub(crate) fn columns<'a>(attempts: impl Iterator<Item = &'a Attempt> + Clone) -> [sea_orm::Value; 5] {
+    [
+        attempts.clone().map(|a| a.attempt).collect::<Vec<i32>>().into(),
+        attempts
+            .clone()
+            .map(|a| a.started_at)
+            .collect::<Vec<NaiveDateTime>>()
+            .into(),
+        attempts.clone().map(|a| a.duration_ms).collect::<Vec<i32>>().into(),
+        attempts
+            .clone()
+            .map(|a| a.http_status.map_or(0, i32::from))
+            .collect::<Vec<i32>>()
+            .into(),
+        attempts
+            .map(|a| cut(&a.detail).unwrap_or_default())
+            .collect::<Vec<String>>()
+            .into(),
+    ]
+}
+
+pub(crate) fn quoted(table: &str) -> String {
     format!("\"{}\"", table.replace('"', "\"\""))
 }
 
@@ -138,7 +162,7 @@ impl HistoryTable {
             codes = p(6),
             details = p(7),
         );
-        let values = vec![
+        let mut values = vec![
             outcome.into(),
             self.replica.clone().into(),
             attempts
@@ -146,32 +170,8 @@ impl HistoryTable {
                 .map(|a| a.event_id)
                 .collect::<Vec<i64>>()
                 .into(),
-            attempts
-                .iter()
-                .map(|a| a.attempt)
-                .collect::<Vec<i32>>()
-                .into(),
-            attempts
-                .iter()
-                .map(|a| a.started_at)
-                .collect::<Vec<NaiveDateTime>>()
-                .into(),
-            attempts
-                .iter()
-                .map(|a| a.duration_ms)
-                .collect::<Vec<i32>>()
-                .into(),
-            attempts
-                .iter()
-                .map(|a| a.http_status.map_or(0, i32::from))
-                .collect::<Vec<i32>>()
-                .into(),
-            attempts
-                .iter()
-                .map(|a| cut(&a.detail).unwrap_or_default())
-                .collect::<Vec<String>>()
-                .into(),
         ];
+        values.extend(columns(attempts.iter()));
         (sql, values)
     }
 

@@ -129,6 +129,18 @@ async fn attempts_are_on_record_exactly_when_their_status_is(backend: Backend) {
         store.get(other.id).await.unwrap().unwrap().status,
         Status::Pending
     );
+
+    // A batch where one key comes without an attempt to record (PostgreSQL
+    // then matches attempts to rows by id instead of carrying them in the
+    // UPDATE): both apply, only the one attempt is on record.
+    let (third, fourth) = (pending(&store).await, pending(&store).await);
+    let keys = [Key::from(&third), Key::from(&fourth)];
+    let log = [attempt(third.id, 1, Some(201), "ok")];
+    let out = mark_sent_many(&store, &keys, &log).await.unwrap();
+    assert!(matches!(out[&third.id], Sent::Applied { .. }));
+    assert!(matches!(out[&fourth.id], Sent::Applied { .. }));
+    assert_eq!(store.history(third.id).await.unwrap().len(), 1);
+    assert!(store.history(fourth.id).await.unwrap().is_empty());
 }
 
 async fn resends_are_recorded_with_who_asked(backend: Backend) {

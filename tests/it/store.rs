@@ -889,3 +889,61 @@ mod refused {
         assert_eq!(stored, poison, "the refused row keeps its state");
     }
 }
+
+/// The ports of every TCP socket this process has open to `port`, each
+/// with whether Nagle's algorithm is off on it (`TCP_NODELAY`). Linux:
+/// read from /proc/self/fd.
+fn sockets_to(port: u16) -> Vec<bool> {
+    use std::os::fd::BorrowedFd;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd") {
+        let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // SAFETY: only getpeername/getsockopt are called on the number,
+        // and only while this loop runs; one another thread closed in the
+        // meantime at worst answers for a socket it no longer is, or fails.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let sock = socket2::SockRef::from(&fd);
+        let Some(peer) = sock.peer_addr().ok().and_then(|a| a.as_socket()) else {
+            continue;
+        };
+        if peer.port() == port {
+            if let Ok(nodelay) = sock.tcp_nodelay() {
+                found.push(nodelay);
+            }
+        }
+    }
+    found
+}
+
+/// sqlx 0.9.0 opens its connections without `TCP_NODELAY`; a status write
+/// that leaves in two writes (over TLS, past one 16 KiB record: a batch of
+/// a few hundred attempts) then waits 40 ms for the server's delayed ACK.
+/// The vendored sqlx-core (vendor/README.md) sets it: every connection of
+/// the store's pool, and every other PostgreSQL connection of this process.
+#[tokio::test]
+async fn store_connections_disable_nagle() {
+    let db = TestDb::postgres().await;
+    let Some(port) = url::Url::parse(&db.url).ok().and_then(|u| u.port()) else {
+        eprintln!("SKIP: {} names no TCP port", db.url);
+        return;
+    };
+    let store = db.store().await;
+    store
+        .connection()
+        .execute_unprepared("SELECT 1")
+        .await
+        .expect("a query");
+    let sockets = sockets_to(port);
+    assert!(
+        !sockets.is_empty(),
+        "no socket of this process is connected to port {port}"
+    );
+    assert!(
+        sockets.iter().all(|nodelay| *nodelay),
+        "{} of {} PostgreSQL connections have Nagle's algorithm on (TCP_NODELAY unset)",
+        sockets.iter().filter(|n| !**n).count(),
+        sockets.len()
+    );
+}
