@@ -280,9 +280,6 @@ fn connect_message(url: &str, err: &DbErr) -> String {
     }
 }
 
-/// How long a pooled connection may sit idle before it is pinged on checkout.
-pub const IDLE_BEFORE_PING: Duration = Duration::from_secs(10);
-
 impl Store {
     /// Opens a pool; `sqlite:` URLs get `mode=rwc` so a new file is created.
     pub async fn connect(
@@ -297,13 +294,13 @@ impl Store {
             .min_connections(0)
             .connect_timeout(connect_timeout)
             .acquire_timeout(connect_timeout)
-            // sqlx pings a connection on every checkout by default: one
-            // more round trip before each statement (each a wake-up of
-            // the server's backend and of this process). Only a connection
-            // idle this long, which a server, proxy or firewall may have
-            // dropped, is pinged; a busy one that broke fails its
-            // statement, which is retried as any transient error is.
-            .test_before_acquire_if_idle_for(IDLE_BEFORE_PING)
+            // sqlx pings every connection it hands out (its default):
+            // one more round trip per statement, but a connection whose
+            // statement was given up at its deadline mid-answer (a silent
+            // network path) is found broken there and replaced; pinging
+            // only idle ones left such a connection in the pool, and every
+            // later statement on it hung (consumer::a_database_that_stops_
+            // answering_stalls_nothing_for_good).
             .sqlx_logging(false);
         let db = Database::connect(opts)
             .await
