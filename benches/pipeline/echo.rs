@@ -154,7 +154,8 @@ impl Floor {
             }
             self.top = self.top.max(seq);
         }
-        self.gaps.retain(|_, seen| now.duration_since(*seen) < GAP_WAIT);
+        self.gaps
+            .retain(|_, seen| now.duration_since(*seen) < GAP_WAIT);
         self.at = match self.gaps.keys().next() {
             Some(&oldest) => oldest - 1,
             None => self.top,

@@ -403,8 +403,8 @@ pub async fn mark_sent_many(
         // Each key's attempt, when every key has one (with the log on, a
         // job always hands one in).
         let by_id: HashMap<i64, &Attempt> = log.iter().map(|a| (a.event_id, a)).collect();
-        let aligned: Option<Vec<&Attempt>> = history
-            .and_then(|_| keys.iter().map(|k| by_id.get(&k.id).copied()).collect());
+        let aligned: Option<Vec<&Attempt>> =
+            history.and_then(|_| keys.iter().map(|k| by_id.get(&k.id).copied()).collect());
         let sql = match (history, aligned) {
             // The attempts ride in the UPDATE's own `unnest` and come back
             // through `RETURNING` into the INSERT: only the rows the UPDATE

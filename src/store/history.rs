@@ -107,15 +107,25 @@ fn cut(detail: &Option<String>) -> Option<String> {
 /// The attempts' own columns as five PostgreSQL array parameters, in this
 /// order: attempt, started_at, duration_ms, http_status (0: none), detail
 /// ('': none).
-pub(crate) fn columns<'a>(attempts: impl Iterator<Item = &'a Attempt> + Clone) -> [sea_orm::Value; 5] {
+pub(crate) fn columns<'a>(
+    attempts: impl Iterator<Item = &'a Attempt> + Clone,
+) -> [sea_orm::Value; 5] {
     [
-        attempts.clone().map(|a| a.attempt).collect::<Vec<i32>>().into(),
+        attempts
+            .clone()
+            .map(|a| a.attempt)
+            .collect::<Vec<i32>>()
+            .into(),
         attempts
             .clone()
             .map(|a| a.started_at)
             .collect::<Vec<NaiveDateTime>>()
             .into(),
-        attempts.clone().map(|a| a.duration_ms).collect::<Vec<i32>>().into(),
+        attempts
+            .clone()
+            .map(|a| a.duration_ms)
+            .collect::<Vec<i32>>()
+            .into(),
         attempts
             .clone()
             .map(|a| a.http_status.map_or(0, i32::from))
