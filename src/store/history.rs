@@ -104,6 +104,17 @@ fn cut(detail: &Option<String>) -> Option<String> {
     detail.as_deref().map(super::truncate_error)
 }
 
+/// One column of `attempts` as a PostgreSQL array parameter.
+fn array<'a, T>(
+    attempts: impl Iterator<Item = &'a Attempt>,
+    column: impl Fn(&Attempt) -> T,
+) -> sea_orm::Value
+where
+    Vec<T>: Into<sea_orm::Value>,
+{
+    attempts.map(column).collect::<Vec<T>>().into()
+}
+
 /// The attempts' own columns as five PostgreSQL array parameters, in this
 /// order: attempt, started_at, duration_ms, http_status (0: none), detail
 /// ('': none).
@@ -111,30 +122,11 @@ pub(crate) fn columns<'a>(
     attempts: impl Iterator<Item = &'a Attempt> + Clone,
 ) -> [sea_orm::Value; 5] {
     [
-        attempts
-            .clone()
-            .map(|a| a.attempt)
-            .collect::<Vec<i32>>()
-            .into(),
-        attempts
-            .clone()
-            .map(|a| a.started_at)
-            .collect::<Vec<NaiveDateTime>>()
-            .into(),
-        attempts
-            .clone()
-            .map(|a| a.duration_ms)
-            .collect::<Vec<i32>>()
-            .into(),
-        attempts
-            .clone()
-            .map(|a| a.http_status.map_or(0, i32::from))
-            .collect::<Vec<i32>>()
-            .into(),
-        attempts
-            .map(|a| cut(&a.detail).unwrap_or_default())
-            .collect::<Vec<String>>()
-            .into(),
+        array(attempts.clone(), |a| a.attempt),
+        array(attempts.clone(), |a| a.started_at),
+        array(attempts.clone(), |a| a.duration_ms),
+        array(attempts.clone(), |a| a.http_status.map_or(0, i32::from)),
+        array(attempts, |a| cut(&a.detail).unwrap_or_default()),
     ]
 }
 
@@ -175,11 +167,7 @@ impl HistoryTable {
         let mut values = vec![
             outcome.into(),
             self.replica.clone().into(),
-            attempts
-                .iter()
-                .map(|a| a.event_id)
-                .collect::<Vec<i64>>()
-                .into(),
+            array(attempts.iter(), |a| a.event_id),
         ];
         values.extend(columns(attempts.iter()));
         (sql, values)
