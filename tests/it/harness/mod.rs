@@ -80,11 +80,17 @@ pub async fn metric(base: &str, series: &str) -> Option<f64> {
 
 /// Starts a sidecar with `settings` and waits until it is ready.
 pub async fn start_with(settings: Settings) -> App {
-    let app = App::start(settings).await.expect("start the sidecar");
-    let base = format!("http://{}", app.admin_addr());
     // Generous: a member joining a group where another is finishing a
     // revoke is assigned only once that revoke is done.
-    wait_ready("the sidecar to be ready", &base, Duration::from_secs(60)).await;
+    start_within(settings, Duration::from_secs(60)).await
+}
+
+/// Starts a sidecar with `settings` and waits up to `limit` until it is
+/// ready.
+pub async fn start_within(settings: Settings, limit: Duration) -> App {
+    let app = App::start(settings).await.expect("start the sidecar");
+    let base = format!("http://{}", app.admin_addr());
+    wait_ready("the sidecar to be ready", &base, limit).await;
     app
 }
 
