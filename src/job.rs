@@ -293,7 +293,10 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
             let label = ctx.registry.label(&row.event_name).to_owned();
             let started_at = crate::store::now();
             let started = Instant::now();
-            let (delivery, timing) = ctx.registry.dispatch(&row, attempt).await;
+            let (delivery, timing) = ctx
+                .registry
+                .dispatch(&row, attempt, ctx.store.payload_is_json())
+                .await;
             if let Some((dispatcher, elapsed)) = timing {
                 ctx.metrics
                     .dispatch_duration

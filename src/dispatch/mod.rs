@@ -114,12 +114,22 @@ impl Dispatcher {
     /// POSTs the row's payload, its text byte for byte; `attempt` is
     /// 1-based. A payload that is not JSON (a `text` column can hold
     /// anything) is not sent: the attempt fails with the parser's reason.
-    pub async fn send(&self, row: &OutboxEventRow, attempt: i32) -> Delivery {
-        if let Err(e) = row.payload.raw_json() {
-            return Delivery::Failed {
-                error: format!("payload is not valid JSON, not sent: {e}"),
-                status: None,
-            };
+    /// POSTs `row`'s payload. `payload_is_json`: the column it was read
+    /// from holds only JSON (the database checked it on insert); otherwise
+    /// it is parsed first and a payload that is not JSON is not sent.
+    pub async fn send(
+        &self,
+        row: &OutboxEventRow,
+        attempt: i32,
+        payload_is_json: bool,
+    ) -> Delivery {
+        if !payload_is_json {
+            if let Err(e) = row.payload.raw_json() {
+                return Delivery::Failed {
+                    error: format!("payload is not valid JSON, not sent: {e}"),
+                    status: None,
+                };
+            }
         }
         let body = row.payload.as_str().to_owned();
         let mut headers = self.headers.clone();
@@ -282,11 +292,12 @@ impl Registry {
         &self,
         row: &OutboxEventRow,
         attempt: i32,
+        payload_is_json: bool,
     ) -> (Delivery, Option<(&str, Duration)>) {
         match self.get(&row.event_name) {
             Some(d) => {
                 let started = Instant::now();
-                let delivery = d.send(row, attempt).await;
+                let delivery = d.send(row, attempt, payload_is_json).await;
                 (delivery, Some((d.name(), started.elapsed())))
             }
             None => (

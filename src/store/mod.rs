@@ -187,6 +187,10 @@ pub struct Store {
     /// (a Rails `string` column is `varchar(255)`): errors are cut to it,
     /// or a strict-mode MySQL refuses the whole write.
     last_error_chars: Option<usize>,
+    /// The payload column is one whose text the database guarantees to be
+    /// JSON (PostgreSQL `json`/`jsonb`, MySQL `json`): a row read from it
+    /// needs no second check before it is sent.
+    payload_is_json: bool,
     /// The attempt log, when `history.enabled`.
     history: Option<std::sync::Arc<history::HistoryTable>>,
     /// The paused dispatchers (`dispatch.pause_table`).
@@ -200,6 +204,19 @@ pub use shape::TableError;
 pub fn now() -> NaiveDateTime {
     let t = chrono::Utc::now().naive_utc();
     t.with_nanosecond(t.nanosecond() / 1000 * 1000).unwrap_or(t)
+}
+
+/// Whether a payload column of catalogue type `data_type` holds only
+/// JSON: PostgreSQL checks `json` and `jsonb` input, MySQL its `json`
+/// type. (MariaDB's `json` is `longtext` with a `CHECK` that can be
+/// dropped; its catalogue says `longtext`, and such rows are checked.)
+pub fn payload_type_is_json(backend: DbBackend, data_type: &str) -> bool {
+    let t = data_type.to_ascii_lowercase();
+    match backend {
+        DbBackend::Postgres => t == "json" || t == "jsonb",
+        DbBackend::MySql => t == "json",
+        _ => false,
+    }
 }
 
 /// Cuts `error` to [`MAX_LAST_ERROR_BYTES`] on a character boundary.
@@ -339,6 +356,7 @@ impl Store {
             db,
             table: table.to_owned(),
             last_error_chars: None,
+            payload_is_json: false,
             history: Some(std::sync::Arc::new(history::HistoryTable {
                 table: history.table.clone(),
                 replica: history.replica_name(),
@@ -377,17 +395,22 @@ impl Store {
         &self.pause_table
     }
 
-    /// Learns the length of `last_error` from the catalogue (no table yet,
-    /// or no length: errors are cut to [`MAX_LAST_ERROR_BYTES`] only).
+    /// Learns from the catalogue the length of `last_error` (no table
+    /// yet, or no length: errors are cut to [`MAX_LAST_ERROR_BYTES`] only)
+    /// and whether the payload column holds only JSON.
     pub async fn learn_columns(&mut self) {
         let sql = match self.backend() {
             DbBackend::Postgres => {
-                "SELECT character_maximum_length::bigint AS n FROM information_schema.columns \
-                 WHERE table_schema = current_schema() AND table_name = $1 AND column_name = 'last_error'"
+                "SELECT column_name::text AS c, character_maximum_length::bigint AS n, \
+                 data_type::text AS t FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = $1 \
+                 AND column_name IN ('last_error', 'payload')"
             }
             DbBackend::MySql => {
-                "SELECT CAST(character_maximum_length AS SIGNED) AS n FROM information_schema.columns \
-                 WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'last_error'"
+                "SELECT CAST(column_name AS CHAR) AS c, CAST(character_maximum_length AS SIGNED) AS n, \
+                 CAST(data_type AS CHAR) AS t FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = ? \
+                 AND column_name IN ('last_error', 'payload')"
             }
             _ => return,
         };
@@ -396,18 +419,32 @@ impl Store {
             sql,
             [self.table.clone().into()],
         );
-        match self.db.query_one_raw(stmt).await {
-            Ok(Some(row)) => {
-                self.last_error_chars = row
-                    .try_get::<Option<i64>>("", "n")
-                    .ok()
-                    .flatten()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .filter(|n| *n > 0);
+        match self.db.query_all_raw(stmt).await {
+            Ok(rows) => {
+                for row in rows {
+                    let column = row.try_get::<String>("", "c").unwrap_or_default();
+                    if column.eq_ignore_ascii_case("last_error") {
+                        self.last_error_chars = row
+                            .try_get::<Option<i64>>("", "n")
+                            .ok()
+                            .flatten()
+                            .and_then(|n| usize::try_from(n).ok())
+                            .filter(|n| *n > 0);
+                    } else if column.eq_ignore_ascii_case("payload") {
+                        let t = row.try_get::<String>("", "t").unwrap_or_default();
+                        self.payload_is_json = payload_type_is_json(self.backend(), &t);
+                    }
+                }
             }
-            Ok(None) => {}
-            Err(e) => tracing::debug!(error = %e, "cannot read the length of last_error"),
+            Err(e) => tracing::debug!(error = %e, "cannot read the table's column types"),
         }
+    }
+
+    /// Whether every payload this table can hold is JSON, so that a row
+    /// read from it is sent without parsing its payload first (a `text`
+    /// column can hold anything: its rows are checked).
+    pub fn payload_is_json(&self) -> bool {
+        self.payload_is_json
     }
 
     /// Cuts an error to what `last_error` holds (see [`truncate_error_to`]).

@@ -29,3 +29,24 @@ fn decision_table_status_after_a_failure() {
 fn now_has_microsecond_precision() {
     assert_eq!(now().nanosecond() % 1000, 0);
 }
+
+#[test]
+fn only_columns_the_database_checks_skip_the_payload_parse() {
+    use sea_orm::DatabaseBackend::{MySql, Postgres, Sqlite};
+    for (backend, t, json) in [
+        (Postgres, "jsonb", true),
+        (Postgres, "json", true),
+        (Postgres, "text", false),
+        (Postgres, "character varying", false),
+        (MySql, "json", true),
+        (MySql, "JSON", true),
+        (MySql, "longtext", false),
+        (Sqlite, "json", false),
+    ] {
+        assert_eq!(
+            super::payload_type_is_json(backend, t),
+            json,
+            "{backend:?} {t}"
+        );
+    }
+}

@@ -343,6 +343,11 @@ async fn timestamptz_columns_in_a_non_utc_database_postgres() {
         pg_table("jsonb", "integer", "timestamptz")
     );
     let mut t = shape_end_to_end(Backend::Postgres, &ddl, "jsonb").await;
+    // PostgreSQL checked each payload on insert: sent without a parse.
+    assert!(
+        t.store.payload_is_json(),
+        "a jsonb payload column holds only JSON"
+    );
     let conn = Database::connect(&t.db.url).await.unwrap();
     let zone: String = conn
         .query_one_raw(Statement::from_string(
@@ -366,6 +371,12 @@ async fn timestamptz_columns_in_a_non_utc_database_postgres() {
 async fn text_payload_and_bigint_attempts_postgres() {
     let ddl = pg_table("text", "bigint", "timestamp(6)");
     let mut t = shape_end_to_end(Backend::Postgres, &ddl, "text").await;
+    // A text column holds anything: each payload is parsed before it is
+    // sent (the garbage below is caught by that parse).
+    assert!(
+        !t.store.payload_is_json(),
+        "a text payload column is checked"
+    );
     let garbage = insert_text(&t, "{not json", "text").await;
     let row = t.wait_status(garbage, Status::Failed, T).await;
     assert_eq!(row.attempts, 2);
@@ -390,5 +401,11 @@ async fn json_bigint_attempts_and_timestamp_columns_mariadb() {
                last_error text, sent_at timestamp(6) null, created_at timestamp(6) not null, \
                updated_at timestamp(6) not null)";
     let mut t = shape_end_to_end(Backend::MySql, ddl, "json").await;
+    // MariaDB's JSON is a longtext with a CHECK that can be dropped: its
+    // payloads are parsed before they are sent.
+    assert!(
+        !t.store.payload_is_json(),
+        "MariaDB's JSON column is checked"
+    );
     t.stop().await;
 }
