@@ -114,9 +114,8 @@ impl Dispatcher {
     /// POSTs the row's payload, its text byte for byte; `attempt` is
     /// 1-based. A payload that is not JSON (a `text` column can hold
     /// anything) is not sent: the attempt fails with the parser's reason.
-    /// POSTs `row`'s payload. `payload_is_json`: the column it was read
-    /// from holds only JSON (the database checked it on insert); otherwise
-    /// it is parsed first and a payload that is not JSON is not sent.
+    /// `payload_is_json`: the column it was read from holds only JSON (the
+    /// database checked it on insert), so it is not parsed here.
     pub async fn send(
         &self,
         row: &OutboxEventRow,
