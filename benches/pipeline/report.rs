@@ -60,6 +60,20 @@ impl Sheet {
     }
 }
 
+/// One line of ratios, run by run, and their median (nothing when no run
+/// has the figures).
+fn run_by_run(out: &mut String, what: &str, ratios: &[f64], digits: usize) {
+    if ratios.is_empty() {
+        return;
+    }
+    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.digits$}")).collect();
+    out.push_str(&format!(
+        "{what}: × {} (median × {:.digits$})\n",
+        each.join(", "),
+        median(ratios)
+    ));
+}
+
 pub(crate) fn median(values: &[f64]) -> f64 {
     let v = sorted(values.to_vec());
     match v.len() {
@@ -275,13 +289,12 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
     );
     // The same ratio run by run: the parts' CPU per request moves more
     // between runs (20.8 to 46.6 µs seen) than the goal's margin.
-    let run_by_run = |name: &str| sheet.values(name);
     let (msg_r, req_r, row_r, msgs_r, side_r) = (
-        run_by_run(CPU_CONSUME),
-        run_by_run(CPU_HTTP),
-        run_by_run(CPU_BATCHED),
-        run_by_run(&format!("{S1}: messages consumed / event")),
-        run_by_run(&format!("{S1}: CPU s / 1,000 events (sidecar process)")),
+        sheet.values(CPU_CONSUME),
+        sheet.values(CPU_HTTP),
+        sheet.values(CPU_BATCHED),
+        sheet.values(&format!("{S1}: messages consumed / event")),
+        sheet.values(&format!("{S1}: CPU s / 1,000 events (sidecar process)")),
     );
     let ratios: Vec<f64> = (0..side_r.len())
         .filter_map(|i| {
@@ -289,17 +302,12 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
             Some(side_r[i] * 1_000.0 / parts)
         })
         .collect();
-    if !ratios.is_empty() {
-        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-        line(
-            &mut out,
-            format!(
-                "S1 sidecar CPU / its parts' run by run: × {} (median × {:.2})",
-                each.join(", "),
-                median(&ratios)
-            ),
-        );
-    }
+    run_by_run(
+        &mut out,
+        "S1 sidecar CPU / its parts' run by run",
+        &ratios,
+        2,
+    );
     let wal = |label: &str| {
         m(&format!(
             "{label}: WAL bytes / event (the whole server, echo queue included)"
@@ -341,17 +349,12 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
         .zip(sheet.values(&format!("{S1_NO_LOG}: events/s end to end")))
         .map(|(on, off)| on / off)
         .collect();
-    if !pairs.is_empty() {
-        let each: Vec<String> = pairs.iter().map(|r| format!("{r:.3}")).collect();
-        line(
-            &mut out,
-            format!(
-                "the attempt log's cost run by run (S1 with it / S1 without, back to back): × {} (median × {:.3})",
-                each.join(", "),
-                median(&pairs)
-            ),
-        );
-    }
+    run_by_run(
+        &mut out,
+        "the attempt log's cost run by run (S1 with it / S1 without, back to back)",
+        &pairs,
+        3,
+    );
     let p99 = m(&format!("{S3}: publish→sent p99"));
     let rate3 = m("S3 paced: publish rate (half of S1)");
     line(

@@ -399,40 +399,16 @@ impl Store {
     /// yet, or no length: errors are cut to [`MAX_LAST_ERROR_BYTES`] only)
     /// and whether the payload column holds only JSON.
     pub async fn learn_columns(&mut self) {
-        let sql = match self.backend() {
-            DbBackend::Postgres => {
-                "SELECT column_name::text AS c, character_maximum_length::bigint AS n, \
-                 data_type::text AS t FROM information_schema.columns \
-                 WHERE table_schema = current_schema() AND table_name = $1 \
-                 AND column_name IN ('last_error', 'payload')"
-            }
-            DbBackend::MySql => {
-                "SELECT CAST(column_name AS CHAR) AS c, CAST(character_maximum_length AS SIGNED) AS n, \
-                 CAST(data_type AS CHAR) AS t FROM information_schema.columns \
-                 WHERE table_schema = DATABASE() AND table_name = ? \
-                 AND column_name IN ('last_error', 'payload')"
-            }
-            _ => return,
-        };
-        let stmt = sea_orm::Statement::from_sql_and_values(
-            self.backend(),
-            sql,
-            [self.table.clone().into()],
-        );
-        match self.db.query_all_raw(stmt).await {
-            Ok(rows) => {
-                for row in rows {
-                    let column = row.try_get::<String>("", "c").unwrap_or_default();
-                    if column.eq_ignore_ascii_case("last_error") {
-                        self.last_error_chars = row
-                            .try_get::<Option<i64>>("", "n")
-                            .ok()
-                            .flatten()
+        match self.columns().await {
+            Ok(columns) => {
+                for c in columns {
+                    if c.name.eq_ignore_ascii_case("last_error") {
+                        self.last_error_chars = c
+                            .max_chars
                             .and_then(|n| usize::try_from(n).ok())
                             .filter(|n| *n > 0);
-                    } else if column.eq_ignore_ascii_case("payload") {
-                        let t = row.try_get::<String>("", "t").unwrap_or_default();
-                        self.payload_is_json = payload_type_is_json(self.backend(), &t);
+                    } else if c.name.eq_ignore_ascii_case("payload") {
+                        self.payload_is_json = payload_type_is_json(self.backend(), &c.data_type);
                     }
                 }
             }

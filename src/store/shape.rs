@@ -70,6 +70,9 @@ pub struct ColumnInfo {
     /// Lower case, e.g. `character varying`, `timestamp without time zone`,
     /// `varchar`, `datetime`.
     pub data_type: String,
+    /// A string column's length in characters, when it has one
+    /// (`varchar(255)`); none on SQLite.
+    pub max_chars: Option<i64>,
 }
 
 const STRINGS: &str = "a string column (varchar or text)";
@@ -169,16 +172,21 @@ impl Store {
         let backend = self.backend();
         let sql = match backend {
             DbBackend::Postgres => {
-                "SELECT column_name::text AS name, data_type::text AS data_type \
+                "SELECT column_name::text AS name, data_type::text AS data_type, \
+                 character_maximum_length::bigint AS max_chars \
                  FROM information_schema.columns \
                  WHERE table_schema = current_schema() AND table_name = $1"
             }
             DbBackend::MySql => {
-                "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type \
+                "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type, \
+                 CAST(character_maximum_length AS SIGNED) AS max_chars \
                  FROM information_schema.columns \
                  WHERE table_schema = DATABASE() AND table_name = ?"
             }
-            _ => "SELECT name AS name, lower(type) AS data_type FROM pragma_table_info(?)",
+            _ => {
+                "SELECT name AS name, lower(type) AS data_type, NULL AS max_chars \
+                 FROM pragma_table_info(?)"
+            }
         };
         let rows = self
             .connection()
@@ -194,6 +202,7 @@ impl Store {
                 Ok(ColumnInfo {
                     name: r.try_get("", "name")?,
                     data_type: r.try_get::<String>("", "data_type")?.to_ascii_lowercase(),
+                    max_chars: r.try_get("", "max_chars")?,
                 })
             })
             .collect::<Result<_, sea_orm::DbErr>>()
