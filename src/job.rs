@@ -23,6 +23,7 @@
 //! waits for its next attempt, so rows waiting out `retry_delay` do not
 //! hold back fresh events (the consumer bounds how many jobs may wait).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,7 +36,7 @@ use tracing::{info, warn, Instrument};
 
 use crate::dispatch::{Delivery, Registry};
 use crate::hold::{Holds, Verdict};
-use crate::metrics::Metrics;
+use crate::metrics::{EventSeries, Metrics};
 use crate::store::batch::{RowReader, Sent, StatusWriter};
 use crate::store::history::Attempt;
 use crate::store::{Outcome, RowRead, Store, StoreError};
@@ -64,6 +65,10 @@ pub struct JobContext {
     /// Signalled when a job starts waiting: a slot may be free for a row
     /// the consumer holds ready.
     pub wait_started: Notify,
+    /// Each configured event name's metric series, resolved once.
+    series: HashMap<String, EventSeries>,
+    /// The series of names no dispatcher is configured for.
+    unregistered: EventSeries,
 }
 
 impl JobContext {
@@ -76,7 +81,17 @@ impl JobContext {
         max_in_flight: usize,
         holds: Arc<Holds>,
     ) -> Self {
+        let series = registry
+            .event_names()
+            .map(|name| {
+                let dispatcher = registry.get(name).map(|d| d.name());
+                (name.to_owned(), metrics.event_series(name, dispatcher))
+            })
+            .collect();
+        let unregistered = metrics.event_series(registry.label(""), None);
         JobContext {
+            series,
+            unregistered,
             status_writer: StatusWriter::spawn(store.clone(), max_attempts),
             row_reader: RowReader::spawn(store.clone()),
             store,
@@ -90,6 +105,11 @@ impl JobContext {
             waiting: AtomicUsize::new(0),
             wait_started: Notify::new(),
         }
+    }
+
+    /// The metric series of a row's event name.
+    fn series(&self, event_name: &str) -> &EventSeries {
+        self.series.get(event_name).unwrap_or(&self.unregistered)
     }
 
     /// Jobs currently waiting for their next attempt.
@@ -261,8 +281,8 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                 return JobEnd::Cancelled;
             }
             // A paused dispatcher or an open breaker: no attempt used.
-            let dispatcher = ctx.registry.get(&row.event_name).map(|d| d.name().to_owned());
-            let probe = match &dispatcher {
+            let dispatcher = ctx.registry.get(&row.event_name).map(|d| d.name());
+            let probe = match dispatcher {
                 None => false,
                 Some(name) => match hold(&ctx, &lease, name, &row).await {
                     Ok(probe) => probe,
@@ -279,7 +299,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                 },
             };
             // A pause seen while this job waited for its slot.
-            if let Some(name) = &dispatcher {
+            if let Some(name) = dispatcher {
                 if matches!(ctx.holds.paused_now(name).await, Ok(true)) {
                     info!(dispatcher = %name, "dispatcher paused: left pending, no attempt used");
                     return JobEnd::Parked;
@@ -290,20 +310,17 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
             };
             let attempt = row.attempts + 1;
             event_span.record("attempt", attempt);
-            let label = ctx.registry.label(&row.event_name).to_owned();
+            let series = ctx.series(&row.event_name);
             let started_at = crate::store::now();
             let started = Instant::now();
             let (delivery, timing) = ctx
                 .registry
                 .dispatch(&row, attempt, ctx.store.payload_is_json())
                 .await;
-            if let Some((dispatcher, elapsed)) = timing {
-                ctx.metrics
-                    .dispatch_duration
-                    .with_label_values(&[dispatcher])
-                    .observe(elapsed.as_secs_f64());
+            if let (Some((_, elapsed)), Some(duration)) = (timing, &series.duration) {
+                duration.observe(elapsed.as_secs_f64());
             }
-            if let Some(name) = &dispatcher {
+            if let Some(name) = dispatcher {
                 let success = matches!(delivery, Delivery::Delivered { .. });
                 ctx.holds.report(name, success, probe);
             }
@@ -324,7 +341,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
             });
             match delivery {
                 Delivery::Delivered { status, .. } => {
-                    ctx.metrics.dispatch_total.with_label_values(&[&label, "success"]).inc();
+                    series.success.inc();
                     let written = write(&ctx, "sent", || {
                         ctx.status_writer.mark_sent(&row, record.as_ref())
                     })
@@ -332,7 +349,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                     return match written {
                         Err(end) => end,
                         Ok(Sent::Applied { .. }) => {
-                            ctx.metrics.transitions_total.with_label_values(&[&label, "sent"]).inc();
+                            series.to_sent.inc();
                             info!(attempt, http_status = status, "pending -> sent");
                             JobEnd::Sent
                         }
@@ -346,7 +363,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                     };
                 }
                 Delivery::Failed { error, .. } => {
-                    ctx.metrics.dispatch_total.with_label_values(&[&label, "failure"]).inc();
+                    series.failure.inc();
                     let expected_error = ctx.store.truncate_error(&error);
                     let written = write(&ctx, "failure", || {
                         ctx.status_writer
@@ -368,8 +385,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                         }
                         Ok(Outcome::NotFound(_)) => return JobEnd::Conflict(Status::Pending),
                     };
-                    let to = next.status.as_str();
-                    ctx.metrics.transitions_total.with_label_values(&[&label, to]).inc();
+                    series.to(next.status).inc();
                     if next.status == Status::Failed {
                         warn!(attempt, last_error = %error, "pending -> failed");
                         return JobEnd::Failed;

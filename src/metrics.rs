@@ -3,11 +3,38 @@
 //! configured name or `unregistered`, never a free string from a row.
 
 use prometheus::{
-    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use entity::Status;
+
 use crate::store::TableStats;
+
+/// The series one event name reports to, resolved once: a job counts its
+/// attempts and transitions without hashing label values per event.
+#[derive(Clone)]
+pub struct EventSeries {
+    pub success: IntCounter,
+    pub failure: IntCounter,
+    pub to_sent: IntCounter,
+    pub to_pending: IntCounter,
+    pub to_failed: IntCounter,
+    /// The dispatcher's `outbox_dispatch_duration_seconds`; `None` for an
+    /// unregistered name (nothing is sent).
+    pub duration: Option<Histogram>,
+}
+
+impl EventSeries {
+    /// `outbox_transitions_total{to}` of this event name.
+    pub fn to(&self, status: Status) -> &IntCounter {
+        match status {
+            Status::Sent => &self.to_sent,
+            Status::Pending => &self.to_pending,
+            Status::Failed => &self.to_failed,
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -47,6 +74,10 @@ pub struct Metrics {
     pub dispatcher_breaker_state: IntGaugeVec,
     /// Events left pending because their dispatcher was paused.
     pub events_parked_total: IntCounterVec,
+    /// `outbox_cdc_messages_total` by result, resolved once.
+    cdc_results: [(&'static str, IntCounter); 3],
+    /// `outbox_cdc_skips_total` by reason, resolved once.
+    cdc_skip_reasons: [(&'static str, IntCounter); 7],
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -254,9 +285,18 @@ impl Metrics {
         reg(Box::new(consumer_rebalances_total.clone()));
         reg(Box::new(db_write_retries_total.clone()));
         // Known series start at zero so dashboards and alerts see them.
-        for r in ["triggered", "skipped", "invalid"] {
-            cdc_messages_total.with_label_values(&[r]);
-        }
+        let cdc_results = ["triggered", "skipped", "invalid"]
+            .map(|r| (r, cdc_messages_total.with_label_values(&[r])));
+        let cdc_skip_reasons = [
+            "terminal_status",
+            "delete",
+            "tombstone",
+            "truncate",
+            "heartbeat",
+            "no_row",
+            "other_table",
+        ]
+        .map(|r| (r, cdc_skips_total.with_label_values(&[r])));
         for o in ["written", "given_up"] {
             revoke_held_requests_total.with_label_values(&[o]);
         }
@@ -288,6 +328,38 @@ impl Metrics {
             dispatcher_paused_seconds,
             dispatcher_breaker_state,
             events_parked_total,
+            cdc_results,
+            cdc_skip_reasons,
+        }
+    }
+
+    /// Counts one consumed change event under its `result` label.
+    pub fn cdc_message(&self, result: &str) {
+        match self.cdc_results.iter().find(|(r, _)| *r == result) {
+            Some((_, counter)) => counter.inc(),
+            None => self.cdc_messages_total.with_label_values(&[result]).inc(),
+        }
+    }
+
+    /// Counts one skipped change event under its `reason` label.
+    pub fn cdc_skip(&self, reason: &str) {
+        match self.cdc_skip_reasons.iter().find(|(r, _)| *r == reason) {
+            Some((_, counter)) => counter.inc(),
+            None => self.cdc_skips_total.with_label_values(&[reason]).inc(),
+        }
+    }
+
+    /// The series of one event `label` (a configured name or
+    /// `unregistered`) sent through `dispatcher`.
+    pub fn event_series(&self, label: &str, dispatcher: Option<&str>) -> EventSeries {
+        let transition = |to: &str| self.transitions_total.with_label_values(&[label, to]);
+        EventSeries {
+            success: self.dispatch_total.with_label_values(&[label, "success"]),
+            failure: self.dispatch_total.with_label_values(&[label, "failure"]),
+            to_sent: transition(Status::Sent.as_str()),
+            to_pending: transition(Status::Pending.as_str()),
+            to_failed: transition(Status::Failed.as_str()),
+            duration: dispatcher.map(|d| self.dispatch_duration.with_label_values(&[d])),
         }
     }
 

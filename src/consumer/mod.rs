@@ -788,17 +788,11 @@ impl Pipeline {
             value: m.payload(),
         };
         let decision = self.decoder.decode(&record);
-        self.metrics
-            .cdc_messages_total
-            .with_label_values(&[decision.result_label()])
-            .inc();
+        self.metrics.cdc_message(decision.result_label());
         match decision {
             Decision::Trigger(t) => sched.trigger(&t, pos),
             Decision::Skip(skip) => {
-                self.metrics
-                    .cdc_skips_total
-                    .with_label_values(&[skip.reason()])
-                    .inc();
+                self.metrics.cdc_skip(skip.reason());
                 debug!(
                     partition = pos.partition,
                     offset = pos.offset,

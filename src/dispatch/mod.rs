@@ -214,8 +214,11 @@ async fn read_body(resp: &mut reqwest::Response, limit: usize) -> Vec<u8> {
 /// at (an excerpt is all that is kept).
 fn one_line(body: &[u8]) -> String {
     let head = &body[..body.len().min(BODY_EXCERPT_BYTES * 4)];
-    String::from_utf8_lossy(head)
-        .chars()
+    let text = String::from_utf8_lossy(head);
+    if !text.chars().any(char::is_control) {
+        return text.into_owned();
+    }
+    text.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()
 }
@@ -230,7 +233,12 @@ fn shorten(mut text: String) -> String {
         text.truncate(end);
         text.push('…');
     }
-    text.trim().to_owned()
+    // Trimmed in place: most excerpts have nothing to trim.
+    let trailing = text.trim_end().len();
+    text.truncate(trailing);
+    let leading = text.len() - text.trim_start().len();
+    text.drain(..leading);
+    text
 }
 
 /// A short cause without the URL (it could carry credentials).
@@ -319,5 +327,26 @@ impl Registry {
         } else {
             "unregistered"
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_excerpt_is_one_trimmed_line_cut_on_a_character_boundary() {
+        assert_eq!(shorten(one_line(b"  {\"ok\":true}\r\n")), "{\"ok\":true}");
+        assert_eq!(shorten(one_line(b"a\tb\nc")), "a b c");
+        assert_eq!(shorten(one_line(b"plain")), "plain");
+        // Invalid UTF-8 is replaced, not dropped.
+        assert_eq!(shorten(one_line(b"x\xffy")), "x\u{fffd}y");
+        // 3-byte characters across the cut: never split, marked as cut.
+        let long = "€".repeat(100);
+        let cut = shorten(one_line(long.as_bytes()));
+        assert!(cut.ends_with('…'));
+        assert!(cut.len() <= BODY_EXCERPT_BYTES + '…'.len_utf8());
+        assert!(cut.trim_end_matches('…').chars().all(|c| c == '€'));
+        assert_eq!(cut.trim_end_matches('…').len(), 198);
     }
 }

@@ -196,12 +196,23 @@ impl RowReader {
 
 /// `first` and what else arrives within [`WINDOW`], up to [`MAX_BATCH`].
 async fn gather<T>(rx: &mut mpsc::Receiver<T>, first: T) -> Vec<T> {
-    let mut batch = vec![first];
-    let deadline = tokio::time::Instant::now() + WINDOW;
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    batch.push(first);
+    // One timer per batch; what is already queued is taken without one.
+    let window = tokio::time::sleep(WINDOW);
+    tokio::pin!(window);
     while batch.len() < MAX_BATCH {
-        match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(item)) => batch.push(item),
-            _ => break,
+        if let Ok(item) = rx.try_recv() {
+            batch.push(item);
+            continue;
+        }
+        tokio::select! {
+            biased;
+            item = rx.recv() => match item {
+                Some(item) => batch.push(item),
+                None => break,
+            },
+            _ = &mut window => break,
         }
     }
     batch
@@ -363,7 +374,8 @@ async fn returned_ids(
         .await
         .map_err(db_err(action))?;
     rows.iter()
-        .map(|r| r.try_get::<i64>("", "id").map_err(db_err(action)))
+        // Every such statement returns the id first.
+        .map(|r| r.try_get_by_index::<i64>(0).map_err(db_err(action)))
         .collect()
 }
 

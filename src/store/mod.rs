@@ -23,8 +23,8 @@ use sea_orm::sea_query::{
     Alias, Expr, ExprTrait, Func, Order, Query, SelectStatement, UpdateStatement,
 };
 use sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr,
-    FromQueryResult, QueryResult, TransactionTrait,
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr, QueryResult,
+    TransactionTrait,
 };
 
 /// Rows a bulk resend takes per transaction (with the attempt log on).
@@ -507,6 +507,7 @@ impl Store {
     /// `timestamptz` column the right instants); on MySQL `attempts` as
     /// `SIGNED` and the timestamps as `DATETIME(6)` (a `timestamp` column
     /// in the session's UTC).
+    /// Its columns are [`ROW_COLUMNS`], in that order ([`decode_row`]).
     fn select_rows(&self) -> SelectStatement {
         let mut stmt = Query::select();
         stmt.columns([Column::Id, Column::EventName]);
@@ -550,9 +551,7 @@ impl Store {
 
     async fn fetch(&self, stmt: &SelectStatement) -> Result<Vec<OutboxEventRow>, DbErr> {
         let rows = self.db.query_all(stmt).await?;
-        rows.iter()
-            .map(|r| OutboxEventRow::from_query_result(r, ""))
-            .collect()
+        rows.iter().map(decode_row).collect()
     }
 
     /// As [`Store::get_many`], each row decoded on its own. A row whose
@@ -569,10 +568,10 @@ impl Store {
             .map_err(db_err("reading events"))?;
         Ok(rows
             .iter()
-            .filter_map(|r| match OutboxEventRow::from_query_result(r, "") {
+            .filter_map(|r| match decode_row(r) {
                 Ok(row) => Some(RowRead::Row(row)),
                 Err(e) => r
-                    .try_get::<i64>("", "id")
+                    .try_get_by_index::<i64>(0)
                     .ok()
                     .map(|id| RowRead::Undecodable {
                         id,
@@ -1101,3 +1100,37 @@ pub(crate) fn failure_values(next: &OutboxEventRow) -> [(Column, sea_orm::Value)
 /// The decision table's status column for a failure that brings the
 /// attempts to `attempts` (see [`crate::transition`]).
 pub use crate::transition::status_after_failure as next_status_after_failure;
+
+/// The columns [`Store::select_rows`] selects, in order.
+const ROW_COLUMNS: [&str; 9] = [
+    "id",
+    "event_name",
+    "payload",
+    "status",
+    "attempts",
+    "last_error",
+    "sent_at",
+    "created_at",
+    "updated_at",
+];
+
+/// A row of [`Store::select_rows`], read by position: the statement fixes
+/// the order, and reading by index skips a search of the columns by name
+/// per value. An error names the column.
+fn decode_row(r: &QueryResult) -> Result<OutboxEventRow, DbErr> {
+    fn at<T: sea_orm::TryGetable>(r: &QueryResult, i: usize) -> Result<T, DbErr> {
+        r.try_get_by_index(i)
+            .map_err(|e| DbErr::Type(format!("column {}: {e}", ROW_COLUMNS[i])))
+    }
+    Ok(OutboxEventRow {
+        id: at(r, 0)?,
+        event_name: at(r, 1)?,
+        payload: at(r, 2)?,
+        status: at(r, 3)?,
+        attempts: at(r, 4)?,
+        last_error: at(r, 5)?,
+        sent_at: at(r, 6)?,
+        created_at: at(r, 7)?,
+        updated_at: at(r, 8)?,
+    })
+}

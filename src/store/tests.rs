@@ -50,3 +50,54 @@ fn only_columns_the_database_checks_skip_the_payload_parse() {
         );
     }
 }
+
+#[tokio::test]
+async fn rows_read_by_position_are_the_rows_read_by_name() {
+    use sea_orm::FromQueryResult;
+    let store = Store::connect(
+        "sqlite::memory:",
+        "outbox_events",
+        1,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    let a = store
+        .insert("a", &serde_json::json!({"x": 1}))
+        .await
+        .unwrap();
+    let b = store
+        .insert("b", &serde_json::json!({"y": "z"}))
+        .await
+        .unwrap();
+    // One row with every nullable column set, one with none.
+    store
+        .db
+        .execute_unprepared(&format!(
+            "UPDATE outbox_events SET status = 'sent', attempts = 2, \
+             last_error = 'HTTP 503', sent_at = updated_at WHERE id = {b}"
+        ))
+        .await
+        .unwrap();
+    let stmt = store
+        .select_rows()
+        .and_where(Expr::col(Column::Id).is_in([a, b]))
+        .order_by(Column::Id, Order::Asc)
+        .to_owned();
+    let by_position = store.fetch(&stmt).await.unwrap();
+    let by_name: Vec<OutboxEventRow> = store
+        .db
+        .query_all(&stmt)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| OutboxEventRow::from_query_result(r, "").unwrap())
+        .collect();
+    assert_eq!(by_position.len(), 2);
+    assert_eq!(by_position, by_name);
+    assert_eq!(by_position[1].status, Status::Sent);
+    assert_eq!(by_position[1].attempts, 2);
+    assert_eq!(by_position[1].last_error.as_deref(), Some("HTTP 503"));
+    assert!(by_position[1].sent_at.is_some());
+}
