@@ -866,7 +866,8 @@ impl Pipeline {
             return;
         };
         let ctx = self.ctx.clone();
-        let metrics = self.metrics.clone();
+        // One counter, not the whole set (a clone per job).
+        let panics = self.metrics.job_panics_total.clone();
         tokio::spawn(async move {
             let end = match AssertUnwindSafe(job::run(ctx, row, lease))
                 .catch_unwind()
@@ -874,7 +875,7 @@ impl Pipeline {
             {
                 Ok(end) => end,
                 Err(_) => {
-                    metrics.job_panics_total.inc();
+                    panics.inc();
                     error!(
                         id,
                         partition = pos.partition,
