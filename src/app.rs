@@ -59,7 +59,6 @@ impl App {
         store.check_table().await?;
         store.check_own_tables().await?;
         let registry = Registry::from_settings(&settings.dispatchers)?;
-        metrics.register_event_names(registry.event_names());
         metrics.register_dispatchers(settings.dispatchers.keys().map(String::as_str));
         let holds = Arc::new(Holds::new(
             store.clone(),

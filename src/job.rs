@@ -88,7 +88,7 @@ impl JobContext {
                 (name.to_owned(), metrics.event_series(name, dispatcher))
             })
             .collect();
-        let unregistered = metrics.event_series(registry.label(""), None);
+        let unregistered = metrics.event_series(crate::dispatch::UNREGISTERED, None);
         JobContext {
             series,
             unregistered,
@@ -317,7 +317,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                 .registry
                 .dispatch(&row, attempt, ctx.store.payload_is_json())
                 .await;
-            if let (Some((_, elapsed)), Some(duration)) = (timing, &series.duration) {
+            if let (Some(elapsed), Some(duration)) = (timing, &series.duration) {
                 duration.observe(elapsed.as_secs_f64());
             }
             if let Some(name) = dispatcher {

@@ -9,6 +9,7 @@ use prometheus::{
 
 use entity::Status;
 
+use crate::cdc::{Decision, Skip};
 use crate::store::TableStats;
 
 /// The series one event name reports to, resolved once: a job counts its
@@ -285,18 +286,9 @@ impl Metrics {
         reg(Box::new(consumer_rebalances_total.clone()));
         reg(Box::new(db_write_retries_total.clone()));
         // Known series start at zero so dashboards and alerts see them.
-        let cdc_results = ["triggered", "skipped", "invalid"]
-            .map(|r| (r, cdc_messages_total.with_label_values(&[r])));
-        let cdc_skip_reasons = [
-            "terminal_status",
-            "delete",
-            "tombstone",
-            "truncate",
-            "heartbeat",
-            "no_row",
-            "other_table",
-        ]
-        .map(|r| (r, cdc_skips_total.with_label_values(&[r])));
+        let cdc_results =
+            Decision::RESULTS.map(|r| (r, cdc_messages_total.with_label_values(&[r])));
+        let cdc_skip_reasons = Skip::REASONS.map(|r| (r, cdc_skips_total.with_label_values(&[r])));
         for o in ["written", "given_up"] {
             revoke_held_requests_total.with_label_values(&[o]);
         }
@@ -350,7 +342,8 @@ impl Metrics {
     }
 
     /// The series of one event `label` (a configured name or
-    /// `unregistered`) sent through `dispatcher`.
+    /// `unregistered`) sent through `dispatcher`; creating them makes them
+    /// exist at zero, so rates exist before traffic.
     pub fn event_series(&self, label: &str, dispatcher: Option<&str>) -> EventSeries {
         let transition = |to: &str| self.transitions_total.with_label_values(&[label, to]);
         EventSeries {
@@ -374,15 +367,6 @@ impl Metrics {
                 .with_label_values(&[name])
                 .set(0);
             self.events_parked_total.with_label_values(&[name]);
-        }
-    }
-
-    /// Pre-creates the per-event series so rates exist before traffic.
-    pub fn register_event_names<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
-        for name in names {
-            for outcome in ["success", "failure"] {
-                self.dispatch_total.with_label_values(&[name, outcome]);
-            }
         }
     }
 

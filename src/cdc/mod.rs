@@ -70,6 +70,9 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// Every [`Decision::result_label`].
+    pub const RESULTS: [&'static str; 3] = ["triggered", "skipped", "invalid"];
+
     /// The bounded `result` label of `outbox_cdc_messages_total`.
     pub fn result_label(&self) -> &'static str {
         match self {
@@ -142,6 +145,17 @@ pub enum Skip {
 }
 
 impl Skip {
+    /// Every [`Skip::reason`].
+    pub const REASONS: [&'static str; 7] = [
+        "terminal_status",
+        "delete",
+        "tombstone",
+        "truncate",
+        "heartbeat",
+        "no_row",
+        "other_table",
+    ];
+
     /// A bounded metric label.
     pub fn reason(&self) -> &'static str {
         match self {

@@ -16,6 +16,9 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 
 use crate::config::DispatcherSettings;
 
+/// The metric label of an event name no dispatcher is configured for.
+pub const UNREGISTERED: &str = "unregistered";
+
 /// How much of an error response body goes into `last_error`.
 const BODY_EXCERPT_BYTES: usize = 200;
 
@@ -300,12 +303,12 @@ impl Registry {
         row: &OutboxEventRow,
         attempt: i32,
         payload_is_json: bool,
-    ) -> (Delivery, Option<(&str, Duration)>) {
+    ) -> (Delivery, Option<Duration>) {
         match self.get(&row.event_name) {
             Some(d) => {
                 let started = Instant::now();
                 let delivery = d.send(row, attempt, payload_is_json).await;
-                (delivery, Some((d.name(), started.elapsed())))
+                (delivery, Some(started.elapsed()))
             }
             None => (
                 Delivery::Failed {
@@ -325,7 +328,7 @@ impl Registry {
         if self.by_event.contains_key(event_name) {
             event_name
         } else {
-            "unregistered"
+            UNREGISTERED
         }
     }
 }

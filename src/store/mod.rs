@@ -509,42 +509,34 @@ impl Store {
     /// in the session's UTC).
     /// Its columns are [`ROW_COLUMNS`], in that order ([`decode_row`]).
     fn select_rows(&self) -> SelectStatement {
+        let backend = self.backend();
         let mut stmt = Query::select();
-        stmt.columns([Column::Id, Column::EventName]);
-        let cast = |stmt: &mut SelectStatement, column: Column, to: &str| {
-            stmt.expr_as(Expr::col(column).cast_as(Alias::new(to)), column);
-        };
-        match self.backend() {
-            DbBackend::Postgres => cast(&mut stmt, Column::Payload, "text"),
-            DbBackend::MySql => cast(&mut stmt, Column::Payload, "CHAR"),
-            _ => {
-                stmt.column(Column::Payload);
+        for column in ROW_COLUMNS {
+            let cast = match (backend, column) {
+                (DbBackend::Postgres, Column::Payload) => Some("text"),
+                (DbBackend::MySql, Column::Payload) => Some("CHAR"),
+                (DbBackend::Postgres, Column::Attempts) => Some("integer"),
+                // An unsigned attempts column reads as signed.
+                (DbBackend::MySql, Column::Attempts) => Some("SIGNED"),
+                (DbBackend::Postgres, Column::SentAt | Column::CreatedAt | Column::UpdatedAt) => {
+                    Some("timestamp")
+                }
+                // sqlx reads a MySQL `timestamp` column only as
+                // DateTime<Utc>; its value is UTC (sqlx sets the session's
+                // time_zone to UTC).
+                (DbBackend::MySql, Column::SentAt | Column::CreatedAt | Column::UpdatedAt) => {
+                    Some("DATETIME(6)")
+                }
+                _ => None,
+            };
+            match cast {
+                Some(to) => {
+                    stmt.expr_as(Expr::col(column).cast_as(Alias::new(to)), column);
+                }
+                None => {
+                    stmt.column(column);
+                }
             }
-        }
-        stmt.column(Column::Status);
-        if self.backend() == DbBackend::Postgres {
-            cast(&mut stmt, Column::Attempts, "integer");
-            stmt.column(Column::LastError);
-            for column in [Column::SentAt, Column::CreatedAt, Column::UpdatedAt] {
-                cast(&mut stmt, column, "timestamp");
-            }
-        } else if self.backend() == DbBackend::MySql {
-            // sqlx reads a MySQL `timestamp` column only as DateTime<Utc>;
-            // its value is UTC (sqlx sets the session's time_zone to UTC).
-            // An unsigned attempts column reads as signed.
-            cast(&mut stmt, Column::Attempts, "SIGNED");
-            stmt.column(Column::LastError);
-            for column in [Column::SentAt, Column::CreatedAt, Column::UpdatedAt] {
-                cast(&mut stmt, column, "DATETIME(6)");
-            }
-        } else {
-            stmt.columns([
-                Column::Attempts,
-                Column::LastError,
-                Column::SentAt,
-                Column::CreatedAt,
-                Column::UpdatedAt,
-            ]);
         }
         stmt.from(self.tbl()).to_owned()
     }
@@ -1102,16 +1094,16 @@ pub(crate) fn failure_values(next: &OutboxEventRow) -> [(Column, sea_orm::Value)
 pub use crate::transition::status_after_failure as next_status_after_failure;
 
 /// The columns [`Store::select_rows`] selects, in order.
-const ROW_COLUMNS: [&str; 9] = [
-    "id",
-    "event_name",
-    "payload",
-    "status",
-    "attempts",
-    "last_error",
-    "sent_at",
-    "created_at",
-    "updated_at",
+const ROW_COLUMNS: [Column; 9] = [
+    Column::Id,
+    Column::EventName,
+    Column::Payload,
+    Column::Status,
+    Column::Attempts,
+    Column::LastError,
+    Column::SentAt,
+    Column::CreatedAt,
+    Column::UpdatedAt,
 ];
 
 /// A row of [`Store::select_rows`], read by position: the statement fixes
@@ -1119,8 +1111,12 @@ const ROW_COLUMNS: [&str; 9] = [
 /// per value. An error names the column.
 fn decode_row(r: &QueryResult) -> Result<OutboxEventRow, DbErr> {
     fn at<T: sea_orm::TryGetable>(r: &QueryResult, i: usize) -> Result<T, DbErr> {
-        r.try_get_by_index(i)
-            .map_err(|e| DbErr::Type(format!("column {}: {e}", ROW_COLUMNS[i])))
+        r.try_get_by_index(i).map_err(|e| {
+            DbErr::Type(format!(
+                "column {}: {e}",
+                sea_orm::IdenStatic::as_str(&ROW_COLUMNS[i])
+            ))
+        })
     }
     Ok(OutboxEventRow {
         id: at(r, 0)?,
