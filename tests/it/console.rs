@@ -64,18 +64,24 @@ async fn console_in_a_browser_sign_in_see_a_failure_resend_it_and_resend_in_bulk
 
     // No session: every page leads to the sign-in page.
     b.goto(&format!("{base}/admin/")).await;
-    assert_eq!(b.path().await, "/admin/console/signin");
+    assert_eq!(
+        b.path_becomes("/admin/console/signin").await,
+        "/admin/console/signin"
+    );
     // A wrong token: the sign-in page again, with a message and no detail.
     b.fill("input[name=token]", "not-the-admin-token-at-all")
         .await;
     b.click("button[type=submit]").await;
     assert_eq!(b.text("#message").await, "Sign-in failed.");
     b.goto(&format!("{base}/admin/console/events")).await;
-    assert_eq!(b.path().await, "/admin/console/signin");
+    assert_eq!(
+        b.path_becomes("/admin/console/signin").await,
+        "/admin/console/signin"
+    );
 
     b.fill("input[name=token]", TOKEN).await;
     b.click("button[type=submit]").await;
-    assert_eq!(b.path().await, "/admin/console/");
+    assert_eq!(b.path_becomes("/admin/console/").await, "/admin/console/");
     assert_eq!(b.text("#count-failed").await, "4");
     assert_eq!(b.text("#count-sent").await, "1");
     assert_eq!(b.text("#count-pending").await, "0");
@@ -175,7 +181,10 @@ async fn console_in_a_browser_sign_in_see_a_failure_resend_it_and_resend_in_bulk
     b.click("header button[type=submit]").await;
     assert_eq!(b.text("#message").await, "Signed out.");
     b.goto(&format!("{base}/admin/console/")).await;
-    assert_eq!(b.path().await, "/admin/console/signin");
+    assert_eq!(
+        b.path_becomes("/admin/console/signin").await,
+        "/admin/console/signin"
+    );
     b.close().await;
 }
 

@@ -163,6 +163,20 @@ impl Browser {
             .to_owned()
     }
 
+    /// The current path once it is `expected`, or as it is after 20 s: a
+    /// click that submits a form may return before the browser has
+    /// followed the answer's redirect (seen under load).
+    pub async fn path_becomes(&self, expected: &str) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let path = self.path().await;
+            if path == expected || tokio::time::Instant::now() > deadline {
+                return path;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// A PNG of the window, written to `target/console-screenshots/NAME`,
     /// and to `docs/NAME` as well with `OUTBOX_UPDATE_SCREENSHOTS=1` (the
     /// README's pictures; not rewritten by every test run).
