@@ -295,7 +295,16 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
                     return EXIT_USAGE;
                 }
             };
-            match store.retrigger(&filter).await {
+            let mut shown = 0u64;
+            let touched = store
+                .retrigger_with_progress(&filter, &mut |n| {
+                    if n / 10_000 > shown / 10_000 {
+                        eprintln!("retriggering: {n} pending event(s) announced again so far");
+                    }
+                    shown = n;
+                })
+                .await;
+            match touched {
                 Ok(n) => {
                     println!("retriggered {n} pending event(s)");
                     EXIT_OK
@@ -478,7 +487,17 @@ pub async fn dispatchers(settings: &Settings, cmd: DispatchersCommand) -> i32 {
             let caller = Caller::new(Via::Cli, label);
             operator::pause(&store, &configured, &name, &caller).await
         }
-        DispatchersCommand::Resume { name } => operator::resume(&store, &configured, &name).await,
+        DispatchersCommand::Resume { name } => {
+            let mut shown = 0u64;
+            let result = operator::resume_with_progress(&store, &configured, &name, &mut |n| {
+                if n / 10_000 > shown / 10_000 {
+                    eprintln!("resuming {name}: {n} pending event(s) announced again so far");
+                }
+                shown = n;
+            })
+            .await;
+            result
+        }
     };
     match result {
         Ok(action) => {

@@ -9,9 +9,11 @@
 //! stays `pending` and its change event is finished (committed), so it
 //! holds back neither other dispatchers' events nor the partition's
 //! commits. `resume` deletes the pause and touches the dispatcher's pending
-//! rows (`updated_at`), so the change feed announces them again, as
-//! `events retrigger` does; a restart while paused loses nothing, the rows
-//! are pending in the table. A pause seen late (up to one refresh) lets
+//! rows (`updated_at`, in committed batches), so the change feed announces
+//! them again, as `events retrigger` does. It touches them whether or not
+//! the pause was still there, so a resume that failed half-way (a statement
+//! timeout, a failover, the CLI killed) is repaired by resuming again; a
+//! restart while paused loses nothing, the rows are pending in the table. A pause seen late (up to one refresh) lets
 //! the events of that moment through.
 //!
 //! **Breaker.** After `failures` failures in a row, each within `within` of
@@ -92,15 +94,17 @@ impl Store {
         Ok(res.rows_affected() == 1)
     }
 
-    /// Resumes `dispatcher`: deletes its pause, then touches its pending
-    /// rows (`event_names`) so the change feed announces them again.
-    /// `None` when it was not paused (nothing touched), else how many rows
-    /// were touched.
+    /// Resumes `dispatcher`: deletes its pause (`true` when there was
+    /// one), then touches every pending row of `event_names`, in committed
+    /// batches, so the change feed announces them again, whether or not a
+    /// pause was there: a resume whose touch failed part-way is repaired
+    /// by running it again. `progress` gets the running count.
     pub async fn resume(
         &self,
         dispatcher: &str,
         event_names: &[String],
-    ) -> Result<Option<u64>, StoreError> {
+        progress: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<(bool, u64), StoreError> {
         let stmt = Query::delete()
             .from_table(Alias::new(self.pause_table()))
             .and_where(Expr::col(Alias::new("dispatcher")).eq(dispatcher))
@@ -110,13 +114,12 @@ impl Store {
             .execute(&stmt)
             .await
             .map_err(db_err("resuming a dispatcher"))?;
-        if res.rows_affected() == 0 {
-            return Ok(None);
-        }
+        let was_paused = res.rows_affected() > 0;
         // After the delete has committed: a replica that parks one of these
         // rows again confirms the pause with a read made after it received
         // the row's new change event, so it sees the pause gone.
-        self.retrigger_pending_of(event_names).await.map(Some)
+        let touched = self.retrigger_pending_of(event_names, progress).await?;
+        Ok((was_paused, touched))
     }
 }
 

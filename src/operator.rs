@@ -93,6 +93,16 @@ pub enum DispatcherError {
     Unknown { name: String, known: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The pause may be gone but not every parked event was announced
+    /// again: nothing is lost (the rows are pending), and resuming again
+    /// announces them.
+    #[error(
+        "dispatcher {name}: the resume did not finish: {source}. Its events are still pending \
+         in the table, none is lost; once the database accepts writes, run the resume again \
+         (outbox-sidecar dispatchers resume {name}): it announces every pending event of the \
+         dispatcher again"
+    )]
+    ResumeUnfinished { name: String, source: StoreError },
 }
 
 fn known(dispatchers: &BTreeMap<String, Vec<String>>, name: &str) -> Result<(), DispatcherError> {
@@ -164,29 +174,56 @@ pub async fn pause(
     })
 }
 
-/// Resumes `name` and announces its pending events again.
+/// Resumes `name` and announces its pending events again, whether or not
+/// it was paused: run again, it repairs a resume that failed half-way.
+/// Progress goes to the log, a line per 10,000 rows.
 pub async fn resume(
     store: &Store,
     dispatchers: &BTreeMap<String, Vec<String>>,
     name: &str,
 ) -> Result<DispatcherAction, DispatcherError> {
+    let mut logged = 0u64;
+    resume_with_progress(store, dispatchers, name, &mut |n| {
+        if n / 10_000 > logged / 10_000 {
+            tracing::info!(
+                dispatcher = name,
+                announced = n,
+                "resuming: pending events announced again so far"
+            );
+        }
+        logged = n;
+    })
+    .await
+}
+
+/// [`resume`], `progress` getting the running count of rows announced
+/// after each committed batch.
+pub async fn resume_with_progress(
+    store: &Store,
+    dispatchers: &BTreeMap<String, Vec<String>>,
+    name: &str,
+    progress: &mut (dyn FnMut(u64) + Send),
+) -> Result<DispatcherAction, DispatcherError> {
     known(dispatchers, name)?;
     let events = &dispatchers[name];
-    let resumed = store.resume(name, events).await?;
-    Ok(match resumed {
-        Some(n) => DispatcherAction {
-            dispatcher: name.to_owned(),
-            paused: false,
-            changed: true,
-            retriggered: n,
-            message: format!("dispatcher {name} resumed: {n} pending event(s) announced again"),
-        },
-        None => DispatcherAction {
-            dispatcher: name.to_owned(),
-            paused: false,
-            changed: false,
-            retriggered: 0,
-            message: format!("dispatcher {name} was not paused"),
+    let (was_paused, n) = match store.resume(name, events, progress).await {
+        Ok(done) => done,
+        Err(e) => {
+            return Err(DispatcherError::ResumeUnfinished {
+                name: name.to_owned(),
+                source: e,
+            })
+        }
+    };
+    Ok(DispatcherAction {
+        dispatcher: name.to_owned(),
+        paused: false,
+        changed: was_paused,
+        retriggered: n,
+        message: if was_paused {
+            format!("dispatcher {name} resumed: {n} pending event(s) announced again")
+        } else {
+            format!("dispatcher {name} was not paused: {n} pending event(s) announced again")
         },
     })
 }

@@ -330,6 +330,7 @@ fn answer<T: Clone>(
             let action = match &e {
                 StoreError::Database { action, .. } | StoreError::Refused { action, .. } => action,
                 StoreError::Connect { .. } => "connecting to the database",
+                StoreError::Interrupted { .. } => "writing statuses",
             };
             let transient = e.is_transient();
             for reply in replies {

@@ -30,6 +30,9 @@ use sea_orm::{
 /// Rows a bulk resend takes per transaction (with the attempt log on).
 pub const RESEND_CHUNK: u64 = 1000;
 
+/// Rows one touch (retrigger, resume) changes per statement.
+pub const TOUCH_BATCH: u64 = 1000;
+
 /// `last_error` is for people: keep it to this many bytes.
 pub const MAX_LAST_ERROR_BYTES: usize = 1024;
 
@@ -50,6 +53,14 @@ pub enum StoreError {
         action: &'static str,
         message: String,
     },
+    /// A batched change stopped part-way: `done` rows were changed (and
+    /// committed) before `source`.
+    #[error("{source} ({done} row(s) done before it)")]
+    Interrupted {
+        done: u64,
+        #[source]
+        source: Box<StoreError>,
+    },
 }
 
 impl StoreError {
@@ -62,6 +73,7 @@ impl StoreError {
             StoreError::Connect { .. } => true,
             StoreError::Refused { .. } => false,
             StoreError::Database { source, .. } => is_transient(source),
+            StoreError::Interrupted { source, .. } => source.is_transient(),
         }
     }
 }
@@ -79,13 +91,58 @@ pub fn is_transient(err: &DbErr) -> bool {
     };
     match sqlx.as_ref() {
         Sqlx::Database(db) => {
+            if !matches!(db.kind(), sea_orm::sqlx::error::ErrorKind::Other) {
+                // unique, foreign key, not null, check: the row's values
+                return false;
+            }
+            if let Some(my) = db.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>() {
+                return !mysql_refuses_data(my.number());
+            }
             let code = db.code().unwrap_or_default();
+            if db
+                .try_downcast_ref::<sea_orm::sqlx::sqlite::SqliteError>()
+                .is_some()
+            {
+                // The primary result code is the extended code's low byte.
+                let primary = code.parse::<i32>().unwrap_or(0) & 0xff;
+                return !sqlite_refuses_data(primary);
+            }
             !matches!(code.get(..2), Some("22" | "23" | "42" | "44"))
         }
         Sqlx::ColumnDecode { .. } | Sqlx::Decode(_) | Sqlx::TypeNotFound { .. } => false,
         Sqlx::ColumnNotFound(_) | Sqlx::ColumnIndexOutOfBounds { .. } => false,
         _ => true,
     }
+}
+
+/// MySQL/MariaDB error numbers that refuse a statement for what it says
+/// or for the table it names: the same statement fails again. MySQL
+/// reports several with SQLSTATE `HY000` (1366 incorrect string value,
+/// 3819 check constraint), so the class alone does not tell.
+fn mysql_refuses_data(number: u16) -> bool {
+    matches!(
+        number,
+        1048 // column cannot be null
+            | 1054 // unknown column
+            | 1062 // duplicate entry
+            | 1142 | 1143 // command or column denied
+            | 1146 // table does not exist
+            | 1264 // out of range
+            | 1265 // data truncated
+            | 1292 // incorrect date/time value
+            | 1366 // incorrect string/integer value
+            | 1406 // data too long
+            | 1451 | 1452 // foreign key
+            | 3819 // check constraint violated (MySQL)
+            | 4025 // check constraint failed (MariaDB)
+    )
+}
+
+/// SQLite primary result codes that refuse a statement for what it says:
+/// SQLITE_ERROR (no such table, a syntax error), SQLITE_TOOBIG,
+/// SQLITE_CONSTRAINT, SQLITE_MISMATCH, SQLITE_RANGE.
+fn sqlite_refuses_data(primary: i32) -> bool {
+    matches!(primary, 1 | 18 | 19 | 20 | 25)
 }
 
 pub(crate) fn db_err(action: &'static str) -> impl FnOnce(DbErr) -> StoreError {
@@ -965,58 +1022,136 @@ impl Store {
         out
     }
 
-    /// Touches pending rows (`updated_at = now`) so the change feed
-    /// announces them again: the remedy for change events that are gone
-    /// (an offset reset, a recreated connector). Changes no status and no
-    /// attempts; returns how many rows it touched. With neither ids nor
-    /// `older_than` it touches nothing.
+    /// Touches pending rows so the change feed announces them again: the
+    /// remedy for change events that are gone (an offset reset, a
+    /// recreated connector). Changes no status and no attempts; returns
+    /// how many rows it touched. With neither ids nor `older_than` it
+    /// touches nothing. Done in batches (see [`Store::touch_pending`]).
     pub async fn retrigger(&self, filter: &RetriggerFilter) -> Result<u64, StoreError> {
-        let now = now();
-        let mut stmt = Query::update()
-            .table(self.tbl())
-            .value(Column::UpdatedAt, now)
-            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
-            .to_owned();
+        self.retrigger_with_progress(filter, &mut |_| {}).await
+    }
+
+    /// [`Store::retrigger`], calling `progress` with the running total
+    /// after each committed batch.
+    pub async fn retrigger_with_progress(
+        &self,
+        filter: &RetriggerFilter,
+        progress: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<u64, StoreError> {
+        let mut conds = Vec::new();
         match (&filter.ids[..], filter.older_than) {
             ([], None) => return Ok(0),
             ([], Some(age)) => {
                 let age = chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX);
-                let before = now.checked_sub_signed(age).unwrap_or(NaiveDateTime::MIN);
-                stmt.and_where(Expr::col(Column::UpdatedAt).lt(before));
+                let before = now().checked_sub_signed(age).unwrap_or(NaiveDateTime::MIN);
+                conds.push(Expr::col(Column::UpdatedAt).lt(before));
             }
             (ids, _) => {
-                stmt.and_where(Expr::col(Column::Id).is_in(ids.iter().copied()));
+                conds.push(Expr::col(Column::Id).is_in(ids.iter().copied()));
             }
         }
         if let Some(name) = &filter.event_name {
-            stmt.and_where(Expr::col(Column::EventName).eq(name.as_str()));
+            conds.push(Expr::col(Column::EventName).eq(name.as_str()));
         }
-        let res = self
-            .db
-            .execute(&stmt)
-            .await
-            .map_err(db_err("retriggering pending events"))?;
-        Ok(res.rows_affected())
+        self.touch_pending(conds, progress).await
     }
 
     /// Touches every pending row of `event_names` (a resumed dispatcher's)
     /// so the change feed announces them again; returns how many.
-    pub async fn retrigger_pending_of(&self, event_names: &[String]) -> Result<u64, StoreError> {
+    pub async fn retrigger_pending_of(
+        &self,
+        event_names: &[String],
+        progress: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<u64, StoreError> {
         if event_names.is_empty() {
             return Ok(0);
         }
-        let stmt = Query::update()
-            .table(self.tbl())
-            .value(Column::UpdatedAt, now())
-            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
-            .and_where(Expr::col(Column::EventName).is_in(event_names.iter().map(String::as_str)))
-            .to_owned();
-        let res = self
-            .db
-            .execute(&stmt)
-            .await
-            .map_err(db_err("retriggering pending events"))?;
-        Ok(res.rows_affected())
+        let cond = Expr::col(Column::EventName).is_in(event_names.iter().map(String::as_str));
+        self.touch_pending(vec![cond], progress).await
+    }
+
+    /// Touches the pending rows matching `conds`, [`TOUCH_BATCH`] at a
+    /// time in id order, each batch its own statement and commit: a
+    /// statement timeout or a failover costs one batch, not the whole
+    /// touch, and what was touched stays touched. On an error the rows
+    /// touched so far are counted in [`StoreError::Interrupted`]; running
+    /// the same touch again is always safe (a row announced twice is
+    /// decided once).
+    pub async fn touch_pending(
+        &self,
+        conds: Vec<sea_orm::sea_query::SimpleExpr>,
+        progress: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<u64, StoreError> {
+        let mut done = 0u64;
+        let mut after: Option<i64> = None;
+        let interrupted = |done: u64, source: StoreError| StoreError::Interrupted {
+            done,
+            source: Box::new(source),
+        };
+        loop {
+            let mut select = Query::select()
+                .column(Column::Id)
+                .from(self.tbl())
+                .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+                .order_by(Column::Id, Order::Asc)
+                .limit(TOUCH_BATCH)
+                .to_owned();
+            for c in &conds {
+                select.and_where(c.clone());
+            }
+            if let Some(after) = after {
+                select.and_where(Expr::col(Column::Id).gt(after));
+            }
+            let ids: Vec<i64> = self
+                .db
+                .query_all(&select)
+                .await
+                .map_err(db_err("finding pending events to announce again"))
+                .and_then(|rows| {
+                    rows.iter()
+                        .map(|r| r.try_get_by_index::<i64>(0))
+                        .collect::<Result<_, _>>()
+                        .map_err(db_err("finding pending events to announce again"))
+                })
+                .map_err(|e| interrupted(done, e))?;
+            let Some(&last) = ids.last() else {
+                return Ok(done);
+            };
+            let stmt = Query::update()
+                .table(self.tbl())
+                .value(Column::UpdatedAt, self.touched_updated_at(now()))
+                .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+                .and_where(Expr::col(Column::Id).is_in(ids.iter().copied()))
+                .to_owned();
+            let res = self
+                .db
+                .execute(&stmt)
+                .await
+                .map_err(db_err("announcing pending events again"))
+                .map_err(|e| interrupted(done, e))?;
+            done += res.rows_affected();
+            progress(done);
+            if (ids.len() as u64) < TOUCH_BATCH {
+                return Ok(done);
+            }
+            after = Some(last);
+        }
+    }
+
+    /// The `updated_at` a touch writes: `now`, except where the column
+    /// could keep its value. A MySQL/MariaDB `datetime(0)` or `timestamp`
+    /// column holds whole seconds, and MySQL writes no binlog event for an
+    /// UPDATE that changes nothing: a touch within the second of the row's
+    /// last write would announce nothing. There the value is at least one
+    /// second past the old one, whatever the column's precision.
+    fn touched_updated_at(&self, now: NaiveDateTime) -> sea_orm::sea_query::SimpleExpr {
+        match self.backend() {
+            DbBackend::MySql => Expr::cust_with_values(
+                "GREATEST(?, COALESCE(updated_at + INTERVAL 1 SECOND, ?))",
+                [now, now],
+            ),
+            _ => Expr::value(now),
+        }
     }
 
     /// One grouped count and one `MIN` for the gauges; dispatches nothing.

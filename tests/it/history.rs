@@ -464,8 +464,13 @@ async fn dispatchers_and_prune_from_the_command_line() {
         (after.status, after.attempts),
         (before.status, before.attempts)
     );
+    // A second resume touches the pending rows again: it is how a resume
+    // that failed half-way is finished.
     let (_, out, _) = run(&["dispatchers", "resume", "accounts"]);
-    assert_eq!(out, "dispatcher accounts was not paused\n");
+    assert_eq!(
+        out,
+        "dispatcher accounts was not paused: 1 pending event(s) announced again\n"
+    );
     let (_, out, _) = run(&["dispatchers", "list"]);
     assert!(out.trim_end().ends_with("sending"), "{out}");
 

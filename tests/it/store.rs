@@ -440,6 +440,43 @@ async fn retrigger_touches_only_pending_rows(backend: Backend) {
     );
 }
 
+/// A touch of many rows goes in committed batches, reporting its count
+/// after each: 2,500 pending rows are touched 1,000 at a time.
+async fn retrigger_touches_in_batches(backend: Backend) {
+    use outbox_sidecar::store::RetriggerFilter;
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let values = (0..2_500)
+        .map(|_| {
+            "('accounts.purchase_create', '{}', 'pending', 0, \
+             '2026-01-01 00:00:00', '2026-01-01 00:00:00')"
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    store
+        .connection()
+        .execute_unprepared(&format!(
+            "INSERT INTO outbox_events \
+             (event_name, payload, status, attempts, created_at, updated_at) VALUES {values}"
+        ))
+        .await
+        .unwrap();
+    let done = pending(&store).await;
+    store.mark_sent(&done).await.unwrap();
+    let mut seen = Vec::new();
+    let filter = RetriggerFilter {
+        older_than: Some(std::time::Duration::from_secs(60)),
+        ..Default::default()
+    };
+    let n = store
+        .retrigger_with_progress(&filter, &mut |n| seen.push(n))
+        .await
+        .unwrap();
+    assert_eq!(n, 2_500);
+    assert_eq!(seen, vec![1_000, 2_000, 2_500]);
+    assert_eq!(store.retrigger(&filter).await.unwrap(), 0, "all touched");
+}
+
 /// The morning after an outage: resend only the failed rows of one event
 /// name, whose error says 503, failed within a window; a dry run first.
 async fn filtered_resend_of_failed(backend: Backend) {
@@ -560,6 +597,7 @@ on_every_backend!(
     last_error_is_short,
     list_and_bulk_resend,
     retrigger_touches_only_pending_rows,
+    retrigger_touches_in_batches,
     filtered_resend_of_failed,
     migration_is_idempotent_and_keeps_rows,
 );
@@ -887,6 +925,120 @@ mod refused {
         ));
         let stored = store.get(poison.id).await.unwrap().unwrap();
         assert_eq!(stored, poison, "the refused row keeps its state");
+    }
+}
+
+/// MySQL and SQLite refusals recognised by their own codes, not only
+/// by SQLSTATE class: MySQL's 1366 (incorrect string value) comes with
+/// `HY000`, SQLite's constraint codes are numbers. A refused status write
+/// is given up, not retried for ever.
+mod refused_by_code {
+    use super::*;
+    use outbox_sidecar::store::batch::StatusWriter;
+
+    async fn refused(store: &Store, row: OutboxEventRow, error: &str) {
+        let writer = StatusWriter::spawn(store.clone(), 3);
+        let err = writer
+            .register_failure(&row, error, None)
+            .await
+            .expect_err("the database refuses this write");
+        assert!(!err.is_transient(), "a refusal is permanent: {err}");
+        assert_eq!(store.get(row.id).await.unwrap().unwrap(), row);
+    }
+
+    /// A Rails enum column that lacks `failed`: strict MariaDB refuses
+    /// the write with 1265 "Data truncated", SQLSTATE `01000`.
+    #[tokio::test]
+    async fn mariadb_1265_data_truncated_is_permanent() {
+        let db = TestDb::new(Backend::MySql).await;
+        let store = db.store().await;
+        let row = with_attempts(&store, 2, 3).await;
+        store
+            .connection()
+            .execute_unprepared(
+                "ALTER TABLE outbox_events MODIFY status ENUM('pending', 'sent') NOT NULL",
+            )
+            .await
+            .unwrap();
+        let row = store.get(row.id).await.unwrap().unwrap();
+        refused(&store, row, "HTTP 500: the third").await;
+    }
+
+    /// MariaDB reports 1366 with SQLSTATE `22007` (MySQL with `HY000`).
+    #[tokio::test]
+    async fn mariadb_1366_incorrect_string_value_is_permanent() {
+        let db = TestDb::new(Backend::MySql).await;
+        let store = db.store().await;
+        store
+            .connection()
+            .execute_unprepared(
+                "ALTER TABLE outbox_events MODIFY last_error text CHARACTER SET utf8mb3 NULL",
+            )
+            .await
+            .unwrap();
+        let store = db.store().await;
+        let row = pending(&store).await;
+        refused(&store, row, "HTTP 500: \u{1F600}").await;
+    }
+
+    #[tokio::test]
+    async fn sqlite_constraint_codes_are_permanent() {
+        let db = TestDb::new(Backend::Sqlite).await;
+        let store = db.store().await;
+        store
+            .connection()
+            .execute_unprepared(
+                "CREATE TRIGGER no_poison BEFORE UPDATE ON outbox_events \
+                 WHEN NEW.last_error LIKE '%poison%' BEGIN SELECT RAISE(ABORT, 'poison'); END",
+            )
+            .await
+            .unwrap();
+        let row = pending(&store).await;
+        refused(&store, row, "HTTP 500: poison").await;
+    }
+
+    /// A MariaDB `datetime(0)` column holds whole seconds: a touch within
+    /// the second of the row's last write must still change the row, or
+    /// the binlog carries no event and nothing is announced.
+    #[tokio::test]
+    async fn mariadb_a_touch_within_the_same_second_changes_the_row() {
+        use outbox_sidecar::store::RetriggerFilter;
+        let db = TestDb::new(Backend::MySql).await;
+        let store = db.store().await;
+        store
+            .connection()
+            .execute_unprepared("ALTER TABLE outbox_events MODIFY updated_at datetime(0) NOT NULL")
+            .await
+            .unwrap();
+        let row = pending(&store).await;
+        // Early in a second, so the write and the touch share it.
+        crate::harness::eventually(
+            "the start of a second",
+            std::time::Duration::from_secs(5),
+            || async { (chrono::Utc::now().timestamp_subsec_millis() < 200).then_some(()) },
+        )
+        .await;
+        store
+            .connection()
+            .execute_unprepared(&format!(
+                "UPDATE outbox_events SET updated_at = UTC_TIMESTAMP() WHERE id = {}",
+                row.id
+            ))
+            .await
+            .unwrap();
+        let before = store.get(row.id).await.unwrap().unwrap();
+        let by_id = RetriggerFilter {
+            ids: vec![row.id],
+            ..Default::default()
+        };
+        store.retrigger(&by_id).await.unwrap();
+        let after = store.get(row.id).await.unwrap().unwrap();
+        assert!(
+            after.updated_at > before.updated_at,
+            "the touch changed updated_at: {} -> {}",
+            before.updated_at,
+            after.updated_at
+        );
     }
 }
 

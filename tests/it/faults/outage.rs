@@ -281,3 +281,103 @@ async fn pause_during_a_burst_restart_while_paused_then_resume() {
     }
     t.stop().await;
 }
+
+/// The CLI as an operator runs it against the test's database, with the
+/// test's dispatcher.
+fn operator_cli(t: &crate::harness::TestApp, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = crate::cli::bin()
+        .env("OUTBOX__DATABASE__URL", &t.db.url)
+        .env("OUTBOX__DISPATCHERS__ACCOUNTS__URL", t.receiver.url())
+        .env(
+            "OUTBOX__DISPATCHERS__ACCOUNTS__EVENTS",
+            "accounts.purchase_create,accounts.installment_paid,accounts.installment_overdue",
+        )
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A resume whose touch fails after the pause row is gone (a statement
+/// timeout, a failover, the CLI killed): it says what to do, and doing it
+/// (resuming again) announces every parked event, each sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_that_fails_half_way_is_finished_by_resuming_again() {
+    use sea_orm::ConnectionTrait;
+    let receiver = Receiver::start(|_| ResponseTemplate::new(200)).await;
+    let mut t = prepare(Options::default(), receiver, 1).await;
+    t.start().await;
+    let (code, out, err) = operator_cli(&t, &["dispatchers", "pause", "accounts"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let base = t.admin_url("");
+    eventually(
+        "the replica to see the pause",
+        Duration::from_secs(10),
+        || {
+            let base = base.clone();
+            async move {
+                let v = metric(&base, "outbox_dispatcher_paused{dispatcher=\"accounts\"}").await?;
+                (v == 1.0).then_some(())
+            }
+        },
+    )
+    .await;
+    let ids = insert_many(&t, 3, "parked").await;
+    eventually("3 events parked", T, || {
+        let base = base.clone();
+        async move {
+            let v = metric(&base, "outbox_events_parked_total{dispatcher=\"accounts\"}").await?;
+            (v >= 3.0).then_some(())
+        }
+    })
+    .await;
+    t.wait_all_committed(&t.group, T).await;
+    assert!(
+        t.receiver.requests().is_empty(),
+        "nothing sent while paused"
+    );
+
+    // The fault: every UPDATE of the outbox table fails, as a statement
+    // timeout on the application's role would.
+    let db = t.store.connection();
+    let table = t.store.table().to_owned();
+    db.execute_unprepared(&format!(
+        "CREATE FUNCTION fail_touch() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN RAISE EXCEPTION 'canceling statement due to statement timeout'; END $$; \
+         CREATE TRIGGER fail_touch BEFORE UPDATE ON {table} \
+         FOR EACH ROW EXECUTE FUNCTION fail_touch()"
+    ))
+    .await
+    .unwrap();
+    let (code, out, err) = operator_cli(&t, &["dispatchers", "resume", "accounts"]);
+    assert_ne!(code, Some(0), "the failed resume fails: {out}{err}");
+    assert!(
+        err.contains("the resume did not finish")
+            && err.contains("statement timeout")
+            && err.contains("none is lost")
+            && err.contains("run the resume again (outbox-sidecar dispatchers resume accounts)"),
+        "the error says what happened and what to do: {err}"
+    );
+    db.execute_unprepared(&format!("DROP TRIGGER fail_touch ON {table}"))
+        .await
+        .unwrap();
+
+    // The pause row is gone; resuming again still announces the parked rows.
+    let (code, out, err) = operator_cli(&t, &["dispatchers", "resume", "accounts"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("3 pending event(s) announced again"), "{out}");
+    eventually("the 3 parked events to be sent", T, || async {
+        let rows = all_rows(&t).await;
+        rows.iter().all(|r| r.status == Status::Sent).then_some(())
+    })
+    .await;
+    settle(&t, &t.group, T).await;
+    let mut sent: Vec<i64> = t.receiver.requests().iter().map(|r| r.id).collect();
+    sent.sort_unstable();
+    assert_eq!(sent, ids, "each parked event sent once");
+    t.stop().await;
+}
