@@ -140,7 +140,13 @@ impl App {
         let pauses = {
             let holds = holds.clone();
             let stop = shutdown.clone();
-            tokio::spawn(async move { holds.run(stop).await })
+            let dispatchers = settings.dispatcher_events();
+            tokio::spawn(async move {
+                tokio::join!(
+                    holds.run(stop.clone()),
+                    holds.supervise_breakers(dispatchers, stop)
+                );
+            })
         };
         let pipeline_shutdown = shutdown.clone();
         let tasks = tokio::spawn(async move {

@@ -17,15 +17,19 @@
 //! the events of that moment through.
 //!
 //! **Breaker.** After `failures` failures in a row, each within `within` of
-//! the previous, the dispatcher's events wait in memory for `cool_down`
-//! (no attempt used); then one event goes through as a probe: success
-//! closes the breaker, failure opens it for another `cool_down`. Held
-//! events are jobs waiting like a retry wait: they count toward the
-//! consumer's bound of waiting jobs, so a long outage of one receiver
-//! with the breaker open can fill that bound and slow every dispatcher —
-//! the pause is the tool for long outages.
+//! the previous, the breaker opens for `cool_down`. An event that meets an
+//! open breaker is parked as a pause parks it (no attempt used, row
+//! pending, message finished): held events take no capacity from other
+//! dispatchers, so one receiver's outage never stalls the others or the
+//! partitions' commits. When the cool-down ends, one parked row is
+//! announced again (touched) to serve as the probe: success closes the
+//! breaker and every pending row of the dispatcher is announced again, in
+//! committed batches; failure opens it for another `cool_down`. A
+//! cool-down that ends with nothing parked closes the breaker. Only the
+//! receiver's failures count: a payload that is not JSON or an event no
+//! dispatcher is registered for never reached it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -132,7 +136,8 @@ pub enum Verdict {
     Probe,
     /// Paused: leave the row pending and finish its message.
     Park,
-    /// The breaker is open: ask again at this instant (no attempt used).
+    /// The breaker is open until this instant: park the row (no attempt
+    /// used); the breaker announces it again.
     WaitUntil(Instant),
 }
 
@@ -282,6 +287,33 @@ impl Holds {
         Ok(verdict)
     }
 
+    /// A probe that was not sent (its payload is not JSON): the next
+    /// event probes at once.
+    pub fn void_probe(&self, dispatcher: &str) {
+        if let Some(breaker) = self.breakers.get(dispatcher) {
+            let mut b = breaker.lock().unwrap_or_else(|e| e.into_inner());
+            if let State::Probing { .. } = b.state {
+                b.state = State::Open {
+                    until: Instant::now(),
+                };
+            }
+        }
+    }
+
+    /// The breaker's verdict alone (no pause read): `Go` without one.
+    pub fn breaker_verdict(&self, dispatcher: &str, attempts_left: i32) -> Verdict {
+        let Some(breaker) = self.breakers.get(dispatcher) else {
+            return Verdict::Go;
+        };
+        let mut b = breaker.lock().unwrap_or_else(|e| e.into_inner());
+        let verdict = b.verdict(Instant::now(), attempts_left);
+        self.metrics
+            .dispatcher_breaker_state
+            .with_label_values(&[dispatcher])
+            .set(b.state_code());
+        verdict
+    }
+
     /// The result of an attempt made with [`Verdict::Go`] or
     /// [`Verdict::Probe`].
     pub fn report(&self, dispatcher: &str, success: bool, probe: bool) {
@@ -321,6 +353,89 @@ impl Holds {
         }
     }
 
+    /// Parks `id` of `dispatcher` held by its open breaker: counted, and
+    /// remembered as a probe candidate.
+    pub fn park_held(&self, dispatcher: &str, id: i64) {
+        if let Some(breaker) = self.breakers.get(dispatcher) {
+            breaker.lock().unwrap_or_else(|e| e.into_inner()).park(id);
+        }
+        self.metrics
+            .events_parked_total
+            .with_label_values(&[dispatcher])
+            .inc();
+    }
+
+    /// Runs each breaker's clock until `stop`: announces a parked row as
+    /// the probe when a cool-down ends, every pending row of the
+    /// dispatcher (`dispatchers` maps each to its event names) once the
+    /// breaker closes, and closes a breaker whose cool-down ended with
+    /// nothing parked. An announcement that fails is tried again.
+    pub async fn supervise_breakers(
+        &self,
+        dispatchers: BTreeMap<String, Vec<String>>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        if self.breakers.is_empty() {
+            return;
+        }
+        loop {
+            for (name, breaker) in &self.breakers {
+                let action = {
+                    let mut b = breaker.lock().unwrap_or_else(|e| e.into_inner());
+                    let action = b.tick(Instant::now());
+                    self.metrics
+                        .dispatcher_breaker_state
+                        .with_label_values(&[name])
+                        .set(b.state_code());
+                    action
+                };
+                let events = dispatchers.get(name).map(Vec::as_slice).unwrap_or(&[]);
+                match action {
+                    Tick::Nothing => {}
+                    Tick::AnnounceProbe(ids) => {
+                        match self.store.touch_one_pending(&ids, events).await {
+                            Ok(Some(id)) => {
+                                tracing::info!(dispatcher = %name, id, "breaker cool-down over: a parked event announced again as the probe")
+                            }
+                            Ok(None) => {
+                                breaker
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .nothing_parked();
+                            }
+                            Err(e) => {
+                                tracing::warn!(dispatcher = %name, error = %e, "cannot announce a probe for the breaker; trying again");
+                                breaker
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .probe_not_announced();
+                            }
+                        }
+                    }
+                    Tick::AnnounceAll => {
+                        let mut noop = |_| {};
+                        match self.store.retrigger_pending_of(events, &mut noop).await {
+                            Ok(n) => {
+                                tracing::info!(dispatcher = %name, announced = n, "breaker closed: parked events announced again");
+                                breaker
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .announced_all();
+                            }
+                            Err(e) => {
+                                tracing::warn!(dispatcher = %name, error = %e, "breaker closed but its parked events could not all be announced again; trying again");
+                            }
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(BREAKER_TICK) => {}
+            }
+        }
+    }
+
     /// The breaker state of each dispatcher that has one: `closed`,
     /// `open` or `half-open`.
     pub fn breaker_states(&self) -> HashMap<String, &'static str> {
@@ -338,12 +453,43 @@ impl Holds {
 /// other row took it first (a probe's failure counts, as every failure).
 pub const LAST_ATTEMPT_PROBE_DELAY: Duration = Duration::from_secs(1);
 
+/// How often the breakers' clocks are read.
+const BREAKER_TICK: Duration = Duration::from_millis(500);
+
+/// Parked ids a breaker keeps as probe candidates.
+const PROBE_CANDIDATES: usize = 16;
+
+/// What a breaker's clock asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Tick {
+    Nothing,
+    /// Announce one of these parked rows (still pending) as the probe;
+    /// any pending row of the dispatcher when none of them is.
+    AnnounceProbe(Vec<i64>),
+    /// The breaker closed with rows parked: announce every pending row of
+    /// the dispatcher.
+    AnnounceAll,
+}
+
+/// The rows a breaker parked since it last announced them.
+#[derive(Debug, Default)]
+struct Parked {
+    count: u64,
+    candidates: std::collections::VecDeque<i64>,
+    /// When a probe was last announced (another after a cool-down when
+    /// none came back).
+    probe_announced: Option<Instant>,
+    /// The breaker closed with rows parked; not yet all announced.
+    announce_all: bool,
+}
+
 /// A breaker's state machine, driven by the instants it is given (a test
 /// clock in the unit tests).
 #[derive(Debug)]
 pub struct Breaker {
     settings: BreakerSettings,
     state: State,
+    parked: Parked,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -366,7 +512,65 @@ impl Breaker {
                 failures: 0,
                 last: None,
             },
+            parked: Parked::default(),
         }
+    }
+
+    /// A row held by this breaker was parked.
+    pub fn park(&mut self, id: i64) {
+        self.parked.count += 1;
+        if self.parked.candidates.len() < PROBE_CANDIDATES && !self.parked.candidates.contains(&id)
+        {
+            self.parked.candidates.push_back(id);
+        }
+    }
+
+    /// What the clock asks for at `now`.
+    pub fn tick(&mut self, now: Instant) -> Tick {
+        match self.state {
+            State::Closed { .. } if self.parked.announce_all => Tick::AnnounceAll,
+            State::Open { until } if now >= until && self.parked.count == 0 => {
+                // The cool-down ended with nothing to probe.
+                self.close();
+                Tick::Nothing
+            }
+            State::Open { until } if now >= until => match self.parked.probe_announced {
+                Some(at) if now < at + self.settings.cool_down => Tick::Nothing,
+                _ => {
+                    self.parked.probe_announced = Some(now);
+                    Tick::AnnounceProbe(self.parked.candidates.iter().copied().collect())
+                }
+            },
+            _ => Tick::Nothing,
+        }
+    }
+
+    /// No parked row is pending any more: nothing to probe or announce.
+    pub fn nothing_parked(&mut self) {
+        self.parked = Parked::default();
+    }
+
+    /// The probe's announcement failed: try again at the next tick.
+    pub fn probe_not_announced(&mut self) {
+        self.parked.probe_announced = None;
+    }
+
+    /// Every pending row was announced again after the breaker closed.
+    pub fn announced_all(&mut self) {
+        self.parked.announce_all = false;
+    }
+
+    fn close(&mut self) {
+        self.state = State::Closed {
+            failures: 0,
+            last: None,
+        };
+        if self.parked.count > 0 {
+            self.parked.announce_all = true;
+        }
+        self.parked.count = 0;
+        self.parked.candidates.clear();
+        self.parked.probe_announced = None;
     }
 
     pub fn verdict(&mut self, now: Instant, attempts_left: i32) -> Verdict {
@@ -394,11 +598,11 @@ impl Breaker {
     }
 
     pub fn report(&mut self, now: Instant, success: bool, probe: bool) {
+        if success && probe {
+            self.close();
+            return;
+        }
         self.state = match (self.state, success) {
-            (_, true) if probe => State::Closed {
-                failures: 0,
-                last: None,
-            },
             (State::Probing { .. }, false) if probe => State::Open {
                 until: now + self.settings.cool_down,
             },
@@ -544,6 +748,60 @@ mod tests {
             b.verdict(after + Duration::from_secs(30), 3),
             Verdict::Probe
         ));
+    }
+
+    #[test]
+    fn a_cool_down_over_with_nothing_parked_closes() {
+        let t0 = Instant::now();
+        let mut b = breaker();
+        for _ in 0..3 {
+            b.report(t0, false, false);
+        }
+        assert_eq!(b.tick(t0 + Duration::from_secs(1)), Tick::Nothing);
+        assert_eq!(b.state_name(), "open");
+        assert_eq!(b.tick(t0 + Duration::from_secs(30)), Tick::Nothing);
+        assert_eq!(b.state_name(), "closed");
+    }
+
+    #[test]
+    fn parked_rows_are_probed_after_the_cool_down_then_all_announced_on_close() {
+        let t0 = Instant::now();
+        let mut b = breaker();
+        for _ in 0..3 {
+            b.report(t0, false, false);
+        }
+        for id in [7, 8, 7] {
+            b.park(id);
+        }
+        assert_eq!(b.tick(t0 + Duration::from_secs(29)), Tick::Nothing);
+        let over = t0 + Duration::from_secs(30);
+        assert_eq!(b.tick(over), Tick::AnnounceProbe(vec![7, 8]));
+        assert_eq!(
+            b.tick(over + Duration::from_secs(1)),
+            Tick::Nothing,
+            "one probe announced per cool-down"
+        );
+        assert_eq!(
+            b.tick(over + Duration::from_secs(30)),
+            Tick::AnnounceProbe(vec![7, 8]),
+            "announced again when none came back"
+        );
+        // The probe arrives and fails: open again, still parked.
+        assert!(matches!(
+            b.verdict(over + Duration::from_secs(31), 3),
+            Verdict::Probe
+        ));
+        b.report(over + Duration::from_secs(31), false, true);
+        assert_eq!(b.state_name(), "open");
+        let later = over + Duration::from_secs(61);
+        assert!(matches!(b.tick(later), Tick::AnnounceProbe(_)));
+        assert!(matches!(b.verdict(later, 3), Verdict::Probe));
+        b.report(later, true, true);
+        assert_eq!(b.state_name(), "closed");
+        assert_eq!(b.tick(later), Tick::AnnounceAll);
+        assert_eq!(b.tick(later), Tick::AnnounceAll, "until it is done");
+        b.announced_all();
+        assert_eq!(b.tick(later), Tick::Nothing);
     }
 
     #[test]

@@ -298,11 +298,24 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                     Err(_) => return JobEnd::Cancelled,
                 },
             };
-            // A pause seen while this job waited for its slot.
+            // A pause seen, or a breaker opened, while this job waited for
+            // its slot.
+            let mut probe = probe;
             if let Some(name) = dispatcher {
                 if matches!(ctx.holds.paused_now(name).await, Ok(true)) {
                     info!(dispatcher = %name, "dispatcher paused: left pending, no attempt used");
                     return JobEnd::Parked;
+                }
+                if !probe {
+                    match ctx.holds.breaker_verdict(name, ctx.max_attempts - row.attempts) {
+                        Verdict::Probe => probe = true,
+                        Verdict::WaitUntil(_) => {
+                            ctx.holds.park_held(name, row.id);
+                            info!(dispatcher = %name, "breaker open: left pending, no attempt used; announced again when it closes");
+                            return JobEnd::Parked;
+                        }
+                        Verdict::Go | Verdict::Park => {}
+                    }
                 }
             }
             let Some(_busy) = lease.enter() else {
@@ -320,15 +333,22 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
             if let (Some(elapsed), Some(duration)) = (timing, &series.duration) {
                 duration.observe(elapsed.as_secs_f64());
             }
+            // Only the receiver's answers count towards the breaker: a
+            // payload that is not JSON was never sent.
             if let Some(name) = dispatcher {
-                let success = matches!(delivery, Delivery::Delivered { .. });
-                ctx.holds.report(name, success, probe);
+                if !matches!(delivery, Delivery::NotSent { .. }) {
+                    let success = matches!(delivery, Delivery::Delivered { .. });
+                    ctx.holds.report(name, success, probe);
+                } else if probe {
+                    ctx.holds.void_probe(name);
+                }
             }
             // The attempt log's row, written with the status.
             let record = ctx.store.history_table().map(|_| {
                 let (http_status, detail) = match &delivery {
                     Delivery::Delivered { status, excerpt } => (Some(*status), excerpt.clone()),
                     Delivery::Failed { error, status } => (*status, error.clone()),
+                    Delivery::NotSent { error } => (None, error.clone()),
                 };
                 Attempt {
                     event_id: row.id,
@@ -362,7 +382,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                         Ok(Sent::NotFound(_)) => JobEnd::Conflict(Status::Pending),
                     };
                 }
-                Delivery::Failed { error, .. } => {
+                Delivery::Failed { error, .. } | Delivery::NotSent { error } => {
                     series.failure.inc();
                     let expected_error = ctx.store.truncate_error(&error);
                     let written = write(&ctx, "failure", || {
@@ -434,7 +454,16 @@ async fn hold(
                 );
                 return Err(JobEnd::Parked);
             }
-            Ok(Verdict::WaitUntil(until)) => until,
+            Ok(Verdict::WaitUntil(_)) => {
+                // Held by an open breaker: parked, so it takes no capacity
+                // from other dispatchers; the breaker announces it again.
+                ctx.holds.park_held(dispatcher, row.id);
+                info!(
+                    dispatcher,
+                    "breaker open: left pending, no attempt used; announced again when it closes"
+                );
+                return Err(JobEnd::Parked);
+            }
             Err(e) => {
                 warn!(error = %e, "cannot confirm the dispatcher's pause; asking again");
                 Instant::now() + Duration::from_secs(1)

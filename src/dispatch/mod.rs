@@ -39,6 +39,10 @@ pub enum Delivery {
     Delivered { status: u16, excerpt: String },
     /// Anything else; `status` when the receiver answered.
     Failed { error: String, status: Option<u16> },
+    /// Not sent: the sidecar refused it before any request (a payload that
+    /// is not JSON, no dispatcher registered). A failed attempt, but not
+    /// the receiver's.
+    NotSent { error: String },
 }
 
 pub struct Dispatcher {
@@ -127,9 +131,8 @@ impl Dispatcher {
     ) -> Delivery {
         if !payload_is_json {
             if let Err(e) = row.payload.raw_json() {
-                return Delivery::Failed {
+                return Delivery::NotSent {
                     error: format!("payload is not valid JSON, not sent: {e}"),
-                    status: None,
                 };
             }
         }
@@ -311,12 +314,11 @@ impl Registry {
                 (delivery, Some(started.elapsed()))
             }
             None => (
-                Delivery::Failed {
+                Delivery::NotSent {
                     error: format!(
                         "no dispatcher registered for event_name {:?}",
                         row.event_name
                     ),
-                    status: None,
                 },
                 None,
             ),

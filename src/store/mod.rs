@@ -1070,6 +1070,73 @@ impl Store {
         self.touch_pending(vec![cond], progress).await
     }
 
+    /// Touches one pending row so the change feed announces it again: of
+    /// `ids`, the pending one with the fewest attempts, else the oldest
+    /// pending row of `event_names`. Which one it touched; `None` when none is pending.
+    pub async fn touch_one_pending(
+        &self,
+        ids: &[i64],
+        event_names: &[String],
+    ) -> Result<Option<i64>, StoreError> {
+        let mut select = Query::select()
+            .column(Column::Id)
+            .from(self.tbl())
+            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+            .order_by(Column::Id, Order::Asc)
+            .limit(1)
+            .to_owned();
+        if !ids.is_empty() {
+            // The one with the most attempts left: a probe's failure
+            // counts, and no row should spend its last on a probe.
+            let by_id = Query::select()
+                .column(Column::Id)
+                .from(self.tbl())
+                .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+                .and_where(Expr::col(Column::Id).is_in(ids.iter().copied()))
+                .order_by(Column::Attempts, Order::Asc)
+                .order_by(Column::Id, Order::Asc)
+                .limit(1)
+                .to_owned();
+            if let Some(id) = self.first_id(&by_id).await? {
+                return self.touch_ids(&[id]).await.map(|n| (n > 0).then_some(id));
+            }
+        }
+        if event_names.is_empty() {
+            return Ok(None);
+        }
+        select
+            .and_where(Expr::col(Column::EventName).is_in(event_names.iter().map(String::as_str)));
+        match self.first_id(&select).await? {
+            Some(id) => self.touch_ids(&[id]).await.map(|n| (n > 0).then_some(id)),
+            None => Ok(None),
+        }
+    }
+
+    async fn first_id(&self, select: &SelectStatement) -> Result<Option<i64>, StoreError> {
+        self.db
+            .query_one(select)
+            .await
+            .map_err(db_err("finding a pending event to announce again"))?
+            .map(|r| r.try_get_by_index::<i64>(0))
+            .transpose()
+            .map_err(db_err("finding a pending event to announce again"))
+    }
+
+    /// Touches these ids where still pending; how many it touched.
+    async fn touch_ids(&self, ids: &[i64]) -> Result<u64, StoreError> {
+        let stmt = Query::update()
+            .table(self.tbl())
+            .value(Column::UpdatedAt, self.touched_updated_at(now()))
+            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+            .and_where(Expr::col(Column::Id).is_in(ids.iter().copied()))
+            .to_owned();
+        self.db
+            .execute(&stmt)
+            .await
+            .map(|r| r.rows_affected())
+            .map_err(db_err("announcing pending events again"))
+    }
+
     /// Touches the pending rows matching `conds`, [`TOUCH_BATCH`] at a
     /// time in id order, each batch its own statement and commit: a
     /// statement timeout or a failover costs one batch, not the whole
@@ -1117,19 +1184,10 @@ impl Store {
             let Some(&last) = ids.last() else {
                 return Ok(done);
             };
-            let stmt = Query::update()
-                .table(self.tbl())
-                .value(Column::UpdatedAt, self.touched_updated_at(now()))
-                .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
-                .and_where(Expr::col(Column::Id).is_in(ids.iter().copied()))
-                .to_owned();
-            let res = self
-                .db
-                .execute(&stmt)
+            done += self
+                .touch_ids(&ids)
                 .await
-                .map_err(db_err("announcing pending events again"))
                 .map_err(|e| interrupted(done, e))?;
-            done += res.rows_affected();
             progress(done);
             if (ids.len() as u64) < TOUCH_BATCH {
                 return Ok(done);

@@ -381,3 +381,119 @@ async fn a_resume_that_fails_half_way_is_finished_by_resuming_again() {
     assert_eq!(sent, ids, "each parked event sent once");
     t.stop().await;
 }
+
+/// Waits until the accounts breaker's gauge reads `state`.
+async fn breaker_state_becomes(t: &crate::harness::TestApp, state: f64, limit: Duration) {
+    let base = t.admin_url("");
+    eventually(
+        &format!("the accounts breaker's gauge to read {state}"),
+        limit,
+        || {
+            let base = base.clone();
+            async move {
+                let v = metric(
+                    &base,
+                    "outbox_dispatcher_breaker_state{dispatcher=\"accounts\"}",
+                )
+                .await?;
+                (v == state).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// A second dispatcher, `billing`, at `url`.
+fn billing(url: &str) -> String {
+    format!("[dispatchers.billing]\nurl = \"{url}\"\nevents = [\"billing.invoice_issued\"]\n")
+}
+
+/// CONTRACT §5: one slow call never stops the others. With the accounts
+/// breaker open and 120 accounts events behind it, a healthy dispatcher's
+/// events go at once and every partition commits: held events are parked,
+/// not kept waiting in the job bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_holds_back_no_other_dispatcher() {
+    let accounts = Receiver::start(|_| ResponseTemplate::new(500)).await;
+    let other = Receiver::start(|_| ResponseTemplate::new(200)).await;
+    let opts = Options {
+        max_in_flight: 2,
+        retry_delay: "1s",
+        extra_toml: format!(
+            "{}[dispatchers.accounts.breaker]\nfailures = 2\nwithin = \"30s\"\ncool_down = \"60s\"\n",
+            billing(&other.url())
+        ),
+        ..Options::default()
+    };
+    let mut t = prepare(opts, accounts, 1).await;
+    t.start().await;
+    insert_many(&t, 120, "behind-the-breaker").await;
+    breaker_state_becomes(&t, 1.0, T).await;
+    let mut billing_ids = Vec::new();
+    for n in 0..5 {
+        billing_ids.push(
+            t.insert("billing.invoice_issued", json!({"mode": "billing", "n": n}))
+                .await,
+        );
+    }
+    eventually(
+        "the 5 billing events to be sent",
+        Duration::from_secs(10),
+        || async {
+            let mut got: Vec<i64> = other.requests().iter().map(|r| r.id).collect();
+            got.sort_unstable();
+            got.dedup();
+            (got == billing_ids).then_some(())
+        },
+    )
+    .await;
+    // Every accounts event is finished (sent nowhere, parked): the
+    // partitions commit, and no row used more than the attempts that
+    // opened the breaker.
+    t.wait_all_committed(&t.group, T).await;
+    let rows = all_rows(&t).await;
+    let accounts_rows: Vec<_> = rows
+        .iter()
+        .filter(|r| r.event_name.starts_with("accounts."))
+        .collect();
+    assert!(accounts_rows.iter().all(|r| r.status == Status::Pending));
+    let attempts: i32 = accounts_rows.iter().map(|r| r.attempts).sum();
+    assert!(
+        attempts <= 4,
+        "only the failures that opened the breaker (and those in flight) used attempts: {attempts}"
+    );
+    t.stop().await;
+}
+
+/// Parked behind the breaker, then the receiver recovers: the cool-down's
+/// probe succeeds, the breaker closes and every parked event is announced
+/// again and sent; none failed, the gauge back to closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_parked_by_the_breaker_are_sent_when_it_closes() {
+    let (receiver, down) = switchable().await;
+    let opts = Options {
+        max_in_flight: 2,
+        retry_delay: "1s",
+        extra_toml:
+            "[dispatchers.accounts.breaker]\nfailures = 2\nwithin = \"30s\"\ncool_down = \"2s\"\n"
+                .into(),
+        ..Options::default()
+    };
+    let mut t = prepare(opts, receiver, 1).await;
+    t.start().await;
+    let ids = insert_many(&t, 30, "parked-by-the-breaker").await;
+    breaker_state_becomes(&t, 1.0, T).await;
+    t.wait_all_committed(&t.group, T).await;
+    down.store(false, Ordering::SeqCst);
+    eventually("every parked event to be sent", T, || async {
+        let rows = all_rows(&t).await;
+        rows.iter().all(|r| r.status == Status::Sent).then_some(())
+    })
+    .await;
+    breaker_state_becomes(&t, 0.0, T).await;
+    let mut sent: Vec<i64> = t.receiver.requests().iter().map(|r| r.id).collect();
+    sent.sort_unstable();
+    sent.dedup();
+    assert_eq!(sent, ids);
+    t.stop().await;
+}
