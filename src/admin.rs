@@ -8,11 +8,12 @@
 //! needs `Authorization: Bearer <admin.token>`, compared in constant time;
 //! with no token configured those routes answer 403 — disabled, never open.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -27,6 +28,7 @@ use subtle::ConstantTimeEq;
 use crate::config::Secret;
 use crate::consumer::ConsumerHealth;
 use crate::metrics::Metrics;
+use crate::operator::CONFIRM_ABOVE;
 use crate::store::history::{Caller, Record, Via};
 use crate::store::{ListFilter, RetryRefused, Store};
 
@@ -79,6 +81,7 @@ pub fn api_router(state: AdminState) -> Router {
         .route("/admin/dispatchers", get(list_dispatchers))
         .route("/admin/dispatchers/{name}/pause", post(pause_dispatcher))
         .route("/admin/dispatchers/{name}/resume", post(resume_dispatcher))
+        .route_layer(middleware::from_fn(refuse_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(
@@ -89,6 +92,34 @@ pub fn api_router(state: AdminState) -> Router {
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+/// The admin API takes its parameters in the query string only: a body
+/// (say `-d dry_run=true`) would otherwise be ignored without a word and
+/// the request run without what it carries.
+async fn refuse_body(req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the request body is too large",
+            )
+        }
+    };
+    if !bytes.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the admin API takes its parameters in the query string; this request has a \
+                 body ({} bytes): nothing was done",
+                bytes.len()
+            ),
+        );
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::empty()))
+        .await
 }
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -243,14 +274,8 @@ impl EventView {
     }
 }
 
-#[derive(Debug, Deserialize)]
-pub struct ListQuery {
-    status: Option<String>,
-    event_name: Option<String>,
-    limit: Option<u64>,
-    /// The cursor: events with an id below this one (newest first).
-    before: Option<i64>,
-}
+/// The query parameters of `GET /admin/events`.
+const LIST_PARAMS: &[&str] = &["status", "event_name", "limit", "before"];
 
 fn parse_status(s: Option<&str>) -> Result<Option<Status>, Box<Response>> {
     s.map(|s| s.parse::<Status>())
@@ -258,17 +283,29 @@ fn parse_status(s: Option<&str>) -> Result<Option<Status>, Box<Response>> {
         .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, format!("status: {e}"))))
 }
 
-async fn list_events(State(state): State<AdminState>, Query(q): Query<ListQuery>) -> Response {
-    let status = match parse_status(q.status.as_deref()) {
+async fn list_events(State(state): State<AdminState>, RawQuery(raw): RawQuery) -> Response {
+    let parsed = Params::query(raw.as_deref(), LIST_PARAMS).and_then(|p| {
+        Ok((
+            p.text("status")?,
+            p.text("event_name")?,
+            p.number::<u64>("limit", "a number of events")?,
+            p.number::<i64>("before", "an event id")?,
+        ))
+    });
+    let (status_text, event_name, limit, before) = match parsed {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let status = match parse_status(status_text.as_deref()) {
         Ok(s) => s,
         Err(r) => return *r,
     };
-    let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT).min(10_000);
+    let limit = limit.unwrap_or(DEFAULT_LIST_LIMIT).min(10_000);
     let filter = ListFilter {
         status,
-        event_name: q.event_name.clone(),
+        event_name: event_name.clone(),
         limit: Some(limit),
-        before: q.before,
+        before,
         ..ListFilter::default()
     };
     match state.store.list(&filter).await {
@@ -280,10 +317,10 @@ async fn list_events(State(state): State<AdminState>, Query(q): Query<ListQuery>
                 .filter(|_| rows.len() as u64 == limit)
                 .map(|last| {
                     let mut query = url::form_urlencoded::Serializer::new(String::new());
-                    if let Some(s) = &q.status {
+                    if let Some(s) = &status_text {
                         query.append_pair("status", s);
                     }
-                    if let Some(n) = &q.event_name {
+                    if let Some(n) = &event_name {
                         query.append_pair("event_name", n);
                     }
                     query.append_pair("limit", &limit.to_string());
@@ -304,7 +341,14 @@ async fn list_events(State(state): State<AdminState>, Query(q): Query<ListQuery>
     }
 }
 
-async fn get_event(State(state): State<AdminState>, Path(id): Path<i64>) -> Response {
+async fn get_event(
+    State(state): State<AdminState>,
+    Path(id): Path<i64>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    if let Err(e) = Params::query(raw.as_deref(), &[]) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
     match state.store.get(id).await {
         Ok(Some(row)) => {
             let history = match state.store.history(id).await {
@@ -320,18 +364,22 @@ async fn get_event(State(state): State<AdminState>, Path(id): Path<i64>) -> Resp
     }
 }
 
-/// `?label=` on an action: recorded with it (who, why).
-#[derive(Debug, Default, Deserialize)]
-pub struct LabelQuery {
-    label: Option<String>,
+/// `?label=` on an action: recorded with it (who, why); the only
+/// parameter an action on one event or dispatcher takes.
+fn label(raw: Option<&str>) -> Result<Option<String>, String> {
+    Params::query(raw, &["label"])?.text("label")
 }
 
 async fn retry_one(
     State(state): State<AdminState>,
     Path(id): Path<i64>,
-    Query(q): Query<LabelQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Response {
-    let caller = Caller::new(Via::AdminApi, q.label);
+    let label = match label(raw.as_deref()) {
+        Ok(l) => l,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let caller = Caller::new(Via::AdminApi, label);
     match crate::operator::resend_one(&state.store, Some(&state.metrics), id, &caller).await {
         Ok(Ok(row)) => Json(EventView::new(row, false)).into_response(),
         Ok(Err(r @ RetryRefused::NotFound(_))) => error(StatusCode::NOT_FOUND, r.to_string()),
@@ -344,37 +392,113 @@ async fn retry_one(
     }
 }
 
-#[derive(Debug, Deserialize)]
-pub struct RetryAllQuery {
-    status: Option<String>,
-    #[serde(flatten)]
-    filters: crate::operator::ResendFilters,
-    /// `true`: the count and a sample, nothing changed. (A string: query
-    /// values reach a flattened struct as text.)
-    dry_run: Option<String>,
-    /// Recorded with each resend in the attempt log.
-    label: Option<String>,
+/// The query parameters of `POST /admin/events/retry`: `status` (only
+/// `failed`), the filters, `dry_run` (`true`: the count and a sample,
+/// nothing changed), `confirm` (the count a dry run returned, needed above
+/// [`CONFIRM_ABOVE`] rows) and `label` (recorded with each resend).
+const RETRY_ALL_PARAMS: &[&str] = &[
+    "status",
+    "event_name",
+    "dispatcher",
+    "error_contains",
+    "failed_since",
+    "failed_until",
+    "dry_run",
+    "confirm",
+    "label",
+];
+
+/// The filters of a bulk resend from request parameters (the API's query
+/// string, the console's form).
+pub(crate) fn resend_filters(p: &Params) -> Result<crate::operator::ResendFilters, String> {
+    Ok(crate::operator::ResendFilters {
+        event_name: p.text("event_name")?,
+        dispatcher: p.text("dispatcher")?,
+        error_contains: p.text("error_contains")?,
+        failed_since: p.text("failed_since")?,
+        failed_until: p.text("failed_until")?,
+    })
 }
 
-async fn retry_all(State(state): State<AdminState>, Query(q): Query<RetryAllQuery>) -> Response {
-    if let Err(e) = crate::operator::check_resend_status(q.status.as_deref()) {
-        return error(StatusCode::BAD_REQUEST, e);
+/// Why a bulk resend whose filters are right was not done.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ConfirmRefused {
+    /// More than [`CONFIRM_ABOVE`] rows match and no confirmation was given.
+    Needed { count: u64 },
+    /// The confirmation is not the number of rows that match now.
+    Mismatch { count: u64, confirm: u64 },
+}
+
+impl ConfirmRefused {
+    /// How many rows match now.
+    pub(crate) fn count(&self) -> u64 {
+        match self {
+            Self::Needed { count } | Self::Mismatch { count, .. } => *count,
+        }
     }
-    let filter = match q.filters.to_filter(&state.dispatchers) {
+}
+
+/// Whether a bulk resend of `count` rows (counted just before it) may go
+/// ahead with `confirm`: above [`CONFIRM_ABOVE`] rows only with the count
+/// itself, and a confirmation given must be the count at any size, so a
+/// resend takes what its dry run showed and not a widened filter. (A row
+/// that fails between this count and the resend is resent too.)
+pub(crate) fn check_confirm(count: u64, confirm: Option<u64>) -> Result<(), ConfirmRefused> {
+    match confirm {
+        Some(confirm) if confirm != count => Err(ConfirmRefused::Mismatch { count, confirm }),
+        None if count > CONFIRM_ABOVE => Err(ConfirmRefused::Needed { count }),
+        _ => Ok(()),
+    }
+}
+
+async fn retry_all(State(state): State<AdminState>, RawQuery(raw): RawQuery) -> Response {
+    let parsed = Params::query(raw.as_deref(), RETRY_ALL_PARAMS).and_then(|p| {
+        crate::operator::check_resend_status(p.text("status")?.as_deref())?;
+        Ok((
+            resend_filters(&p)?,
+            p.flag("dry_run")?.unwrap_or(false),
+            p.number::<u64>("confirm", "the number of events a dry run counted")?,
+            p.text("label")?,
+        ))
+    });
+    let (filters, dry_run, confirm, label) = match parsed {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let filter = match filters.to_filter(&state.dispatchers) {
         Ok(f) => f,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    if matches!(q.dry_run.as_deref(), Some("true" | "1")) {
-        return match crate::operator::preview_resend(&state.store, &filter).await {
-            Ok((n, sample)) => Json(json!({
-                "would_resend": n,
-                "sample": sample.into_iter().map(|r| EventView::new(r, false)).collect::<Vec<_>>(),
-            }))
-            .into_response(),
-            Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        };
+    let (count, sample) = match crate::operator::preview_resend(&state.store, &filter).await {
+        Ok(preview) => preview,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    if dry_run {
+        return Json(json!({
+            "would_resend": count,
+            "confirm_required": count > CONFIRM_ABOVE,
+            "sample": sample.into_iter().map(|r| EventView::new(r, false)).collect::<Vec<_>>(),
+        }))
+        .into_response();
     }
-    let caller = Caller::new(Via::AdminApi, q.label.clone());
+    if let Err(refused) = check_confirm(count, confirm) {
+        let message = match refused {
+            ConfirmRefused::Needed { count } => format!(
+                "{count} failed events match, more than {CONFIRM_ABOVE}: nothing was resent; \
+                 check them with dry_run=true, then repeat with confirm={count}"
+            ),
+            ConfirmRefused::Mismatch { count, confirm } => format!(
+                "confirm={confirm}, but {count} failed events match now: nothing was resent; \
+                 check them with dry_run=true, then repeat with confirm={count}"
+            ),
+        };
+        return (
+            StatusCode::CONFLICT,
+            Json(json!({ "error": message, "would_resend": refused.count() })),
+        )
+            .into_response();
+    }
+    let caller = Caller::new(Via::AdminApi, label);
     match crate::operator::resend_failed(&state.store, Some(&state.metrics), &filter, &caller).await
     {
         Ok(n) => Json(json!({ "resent": n })).into_response(),
@@ -382,19 +506,22 @@ async fn retry_all(State(state): State<AdminState>, Query(q): Query<RetryAllQuer
     }
 }
 
-#[derive(Debug, Deserialize)]
-pub struct RetriggerQuery {
-    /// Comma-separated event ids.
-    ids: Option<String>,
-    pending_older_than: Option<String>,
-    event_name: Option<String>,
-}
-
 /// `POST /admin/events/retrigger?ids=1,2` or `?pending_older_than=10m`:
 /// pending rows touched so Debezium announces them again.
-async fn retrigger(State(state): State<AdminState>, Query(q): Query<RetriggerQuery>) -> Response {
-    let ids: Result<Vec<i64>, _> = q
-        .ids
+async fn retrigger(State(state): State<AdminState>, RawQuery(raw): RawQuery) -> Response {
+    let q =
+        Params::query(raw.as_deref(), &["ids", "pending_older_than", "event_name"]).and_then(|p| {
+            Ok((
+                p.text("ids")?,
+                p.text("pending_older_than")?,
+                p.text("event_name")?,
+            ))
+        });
+    let (ids, pending_older_than, event_name) = match q {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let ids: Result<Vec<i64>, _> = ids
         .as_deref()
         .unwrap_or("")
         .split(',')
@@ -408,14 +535,11 @@ async fn retrigger(State(state): State<AdminState>, Query(q): Query<RetriggerQue
             "ids: expected comma-separated event ids",
         );
     };
-    let filter = match crate::operator::retrigger_filter(
-        ids,
-        q.pending_older_than.as_deref(),
-        q.event_name.clone(),
-    ) {
-        Ok(f) => f,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
-    };
+    let filter =
+        match crate::operator::retrigger_filter(ids, pending_older_than.as_deref(), event_name) {
+            Ok(f) => f,
+            Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        };
     match state.store.retrigger(&filter).await {
         Ok(n) => {
             tracing::info!(count = n, "pending events retriggered by an operator");
@@ -425,7 +549,10 @@ async fn retrigger(State(state): State<AdminState>, Query(q): Query<RetriggerQue
     }
 }
 
-async fn list_dispatchers(State(state): State<AdminState>) -> Response {
+async fn list_dispatchers(State(state): State<AdminState>, RawQuery(raw): RawQuery) -> Response {
+    if let Err(e) = Params::query(raw.as_deref(), &[]) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
     let breakers = state
         .holds
         .as_ref()
@@ -455,16 +582,126 @@ fn dispatcher_answer(
 async fn pause_dispatcher(
     State(state): State<AdminState>,
     Path(name): Path<String>,
-    Query(q): Query<LabelQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Response {
-    let caller = Caller::new(Via::AdminApi, q.label);
+    let label = match label(raw.as_deref()) {
+        Ok(l) => l,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let caller = Caller::new(Via::AdminApi, label);
     dispatcher_answer(
         crate::operator::pause(&state.store, &state.dispatchers, &name, &caller).await,
     )
 }
 
-async fn resume_dispatcher(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
+async fn resume_dispatcher(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    if let Err(e) = Params::query(raw.as_deref(), &[]) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
     dispatcher_answer(crate::operator::resume(&state.store, &state.dispatchers, &name).await)
+}
+
+/// How the request parameters are named in errors.
+pub(crate) const QUERY: &str = "query parameter";
+pub(crate) const FORM: &str = "form field";
+
+/// Request parameters (a query string or a urlencoded form) checked against
+/// the names a route takes. A name the route does not take, or a name given
+/// twice, is refused rather than ignored: an ignored filter widens a bulk
+/// action to every row.
+#[derive(Debug)]
+pub(crate) struct Params {
+    noun: &'static str,
+    values: BTreeMap<String, String>,
+    /// Forms send every field, filled in or not: there an empty value is no
+    /// value. In the API's query string an empty value is refused.
+    empty_is_absent: bool,
+}
+
+impl Params {
+    /// `raw` urlencoded; `noun` names the parameters in errors ([`QUERY`],
+    /// [`FORM`]); `allowed` is every name the route takes.
+    pub(crate) fn parse(
+        raw: &[u8],
+        noun: &'static str,
+        allowed: &[&str],
+        empty_is_absent: bool,
+    ) -> Result<Self, String> {
+        let mut values = BTreeMap::new();
+        for (key, value) in url::form_urlencoded::parse(raw) {
+            if !allowed.contains(&key.as_ref()) {
+                return Err(if allowed.is_empty() {
+                    format!("unknown {noun} `{key}`: this route takes none")
+                } else {
+                    format!(
+                        "unknown {noun} `{key}`; expected one of: {}",
+                        allowed.join(", ")
+                    )
+                });
+            }
+            if values
+                .insert(key.clone().into_owned(), value.into_owned())
+                .is_some()
+            {
+                return Err(format!("{noun} `{key}` is given twice; give it once"));
+            }
+        }
+        Ok(Self {
+            noun,
+            values,
+            empty_is_absent,
+        })
+    }
+
+    /// The admin API's query string: an empty value is refused.
+    pub(crate) fn query(raw: Option<&str>, allowed: &[&str]) -> Result<Self, String> {
+        Self::parse(raw.unwrap_or("").as_bytes(), QUERY, allowed, false)
+    }
+
+    /// The value of `key`, if given.
+    pub(crate) fn text(&self, key: &str) -> Result<Option<String>, String> {
+        match self.values.get(key) {
+            None => Ok(None),
+            Some(v) if v.is_empty() && self.empty_is_absent => Ok(None),
+            Some(v) if v.is_empty() => Err(format!(
+                "{} `{key}` is empty: give a value or leave it out",
+                self.noun
+            )),
+            Some(v) => Ok(Some(v.clone())),
+        }
+    }
+
+    /// A boolean: exactly `true` or `false`, anything else refused.
+    pub(crate) fn flag(&self, key: &str) -> Result<Option<bool>, String> {
+        match self.values.get(key).map(String::as_str) {
+            None => Ok(None),
+            Some("") if self.empty_is_absent => Ok(None),
+            Some("true") => Ok(Some(true)),
+            Some("false") => Ok(Some(false)),
+            Some(other) => Err(format!(
+                "{} `{key}`: expected `true` or `false`, not {other:?}",
+                self.noun
+            )),
+        }
+    }
+
+    /// A number; `what` says what it counts, for the error.
+    pub(crate) fn number<T: std::str::FromStr>(
+        &self,
+        key: &str,
+        what: &str,
+    ) -> Result<Option<T>, String> {
+        self.text(key)?
+            .map(|v| {
+                v.parse::<T>()
+                    .map_err(|_| format!("{} `{key}`: expected {what}, not {v:?}", self.noun))
+            })
+            .transpose()
+    }
 }
 
 #[cfg(test)]
@@ -503,5 +740,79 @@ mod tests {
         }
         // An empty configured token never opens the API.
         assert!(!bearer_matches(Some("Bearer "), &Secret::new("")));
+    }
+
+    #[test]
+    fn an_unknown_or_repeated_parameter_is_refused_by_name() {
+        let allowed = ["event_name", "dry_run"];
+        let parse = |raw: &str| Params::query(Some(raw), &allowed);
+        assert_eq!(
+            parse("eventname=x").unwrap_err(),
+            "unknown query parameter `eventname`; expected one of: event_name, dry_run"
+        );
+        assert_eq!(
+            parse("dry_run=true&dry_run=false").unwrap_err(),
+            "query parameter `dry_run` is given twice; give it once"
+        );
+        assert_eq!(
+            Params::query(Some("label=x"), &[]).unwrap_err(),
+            "unknown query parameter `label`: this route takes none"
+        );
+        assert!(Params::query(None, &[]).is_ok());
+        assert!(Params::query(Some(""), &[]).is_ok());
+        let p = parse("event_name=a%2Eb").unwrap();
+        assert_eq!(p.text("event_name").unwrap().as_deref(), Some("a.b"));
+        assert_eq!(
+            parse("event_name=")
+                .unwrap()
+                .text("event_name")
+                .unwrap_err(),
+            "query parameter `event_name` is empty: give a value or leave it out"
+        );
+        let form = Params::parse(b"event_name=&csrf=x", FORM, &["event_name", "csrf"], true);
+        assert_eq!(form.unwrap().text("event_name").unwrap(), None);
+    }
+
+    #[test]
+    fn booleans_are_true_or_false_and_nothing_else() {
+        let flag = |raw: &str| Params::query(Some(raw), &["dry_run"])?.flag("dry_run");
+        assert_eq!(flag("dry_run=true"), Ok(Some(true)));
+        assert_eq!(flag("dry_run=false"), Ok(Some(false)));
+        assert_eq!(flag(""), Ok(None));
+        for bad in ["yes", "True", "TRUE", "1", "0", "", "on", "true%20"] {
+            assert_eq!(
+                flag(&format!("dry_run={bad}")).unwrap_err(),
+                format!(
+                    "query parameter `dry_run`: expected `true` or `false`, not {:?}",
+                    bad.replace("%20", " ")
+                ),
+                "{bad}"
+            );
+        }
+        assert!(flag("dry_run").is_err(), "a bare key is an empty value");
+    }
+
+    #[test]
+    fn above_the_threshold_a_resend_needs_the_count() {
+        assert_eq!(check_confirm(0, None), Ok(()));
+        assert_eq!(check_confirm(CONFIRM_ABOVE, None), Ok(()));
+        assert_eq!(check_confirm(CONFIRM_ABOVE, Some(CONFIRM_ABOVE)), Ok(()));
+        assert_eq!(
+            check_confirm(3, Some(4)),
+            Err(ConfirmRefused::Mismatch {
+                count: 3,
+                confirm: 4
+            })
+        );
+        let above = CONFIRM_ABOVE + 1;
+        assert_eq!(
+            check_confirm(above, None),
+            Err(ConfirmRefused::Needed { count: above })
+        );
+        assert_eq!(
+            check_confirm(above, Some(above - 1)).unwrap_err().count(),
+            above
+        );
+        assert_eq!(check_confirm(above, Some(above)), Ok(()));
     }
 }

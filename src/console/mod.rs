@@ -21,17 +21,16 @@ pub mod session;
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Form, Router};
+use axum::{Extension, Router};
 use entity::Status;
-use serde::Deserialize;
 
-use crate::admin::{AdminState, MAX_BODY_BYTES};
+use crate::admin::{AdminState, ConfirmRefused, Params, FORM, MAX_BODY_BYTES, QUERY};
 use crate::operator::{self, ResendFilters};
 use crate::store::history::{Caller, Via};
 use crate::store::{ListFilter, RetryRefused};
@@ -40,6 +39,36 @@ use session::{Session, Sessions};
 
 /// Rows on one page of the events list.
 const PAGE: u64 = 50;
+
+/// The resend filters' field names, as the forms send them.
+const FILTER_FIELDS: [&str; 5] = [
+    "event_name",
+    "dispatcher",
+    "error_contains",
+    "failed_since",
+    "failed_until",
+];
+
+/// A page's query string, checked against the names the page takes (its
+/// forms' fields); an empty value is no value, as forms send every field.
+fn query_params(raw: Option<&str>, allowed: &[&str]) -> Result<Params, String> {
+    Params::parse(raw.unwrap_or("").as_bytes(), QUERY, allowed, true)
+}
+
+/// A POST's form, checked against the fields the form has (every POST of
+/// a signed-in page carries `csrf`); a query string is refused.
+fn form_params(raw_query: Option<&str>, body: &[u8], allowed: &[&str]) -> Result<Params, String> {
+    query_params(raw_query, &[])?;
+    Params::parse(body, FORM, allowed, true)
+}
+
+/// A request whose parameters are wrong: 400, nothing done.
+fn refused(session: Option<&Session>, e: &str) -> Response {
+    html(
+        StatusCode::BAD_REQUEST,
+        pages::message_page("Refused", session, &format!("{e}. Nothing was changed.")),
+    )
+}
 
 #[derive(Clone)]
 pub struct ConsoleState {
@@ -135,14 +164,13 @@ async fn dispatcher_rows(admin: &AdminState) -> Vec<pages::DispatcherRow> {
 async fn dispatchers_page(
     State(state): State<ConsoleState>,
     Extension(s): Extension<Session>,
+    RawQuery(raw): RawQuery,
 ) -> Response {
+    if let Err(e) = query_params(raw.as_deref(), &[]) {
+        return refused(Some(&s), &e);
+    }
     let rows = dispatcher_rows(&state.admin).await;
     html(StatusCode::OK, pages::dispatchers(&s, &rows, None))
-}
-
-#[derive(Debug, Default, serde::Deserialize)]
-struct PauseForm {
-    label: Option<String>,
 }
 
 /// The dispatchers page's buttons: the API's
@@ -151,12 +179,23 @@ async fn dispatcher_action(
     State(state): State<ConsoleState>,
     Extension(s): Extension<Session>,
     Path((name, action)): Path<(String, String)>,
-    axum::Form(form): axum::Form<PauseForm>,
+    RawQuery(raw): RawQuery,
+    body: Bytes,
 ) -> Response {
     let admin = &state.admin;
+    // The pause form has a label; resume takes none.
+    let fields: &[&str] = if action == "pause" {
+        &["csrf", "label"]
+    } else {
+        &["csrf"]
+    };
+    let label = match form_params(raw.as_deref(), &body, fields).and_then(|p| p.text("label")) {
+        Ok(l) => l,
+        Err(e) => return refused(Some(&s), &e),
+    };
     let result = match action.as_str() {
         "pause" => {
-            let caller = Caller::new(Via::Console, form.label);
+            let caller = Caller::new(Via::Console, label);
             operator::pause(&admin.store, &admin.dispatchers, &name, &caller).await
         }
         "resume" => operator::resume(&admin.store, &admin.dispatchers, &name).await,
@@ -303,24 +342,30 @@ async fn require_session(State(state): State<ConsoleState>, req: Request, next: 
     next.run(req).await
 }
 
-async fn sign_in_page(State(state): State<ConsoleState>) -> Response {
+async fn sign_in_page(State(state): State<ConsoleState>, RawQuery(raw): RawQuery) -> Response {
     if state.admin.token.is_none() {
         return disabled();
+    }
+    if let Err(e) = query_params(raw.as_deref(), &[]) {
+        return html(StatusCode::BAD_REQUEST, pages::sign_in(Some(&e)));
     }
     html(StatusCode::OK, pages::sign_in(None))
 }
 
-#[derive(Deserialize)]
-struct SignIn {
-    #[serde(default)]
-    token: String,
-}
-
-async fn sign_in(State(state): State<ConsoleState>, Form(form): Form<SignIn>) -> Response {
+async fn sign_in(
+    State(state): State<ConsoleState>,
+    RawQuery(raw): RawQuery,
+    body: Bytes,
+) -> Response {
     let Some(token) = &state.admin.token else {
         return disabled();
     };
-    if !crate::admin::token_matches(form.token.trim(), token) {
+    let presented =
+        match form_params(raw.as_deref(), &body, &["token"]).and_then(|p| p.text("token")) {
+            Ok(t) => t.unwrap_or_default(),
+            Err(e) => return html(StatusCode::BAD_REQUEST, pages::sign_in(Some(&e))),
+        };
+    if !crate::admin::token_matches(presented.trim(), token) {
         tracing::warn!("console: a sign-in with a wrong token was refused");
         return html(
             StatusCode::UNAUTHORIZED,
@@ -347,7 +392,16 @@ async fn sign_in(State(state): State<ConsoleState>, Form(form): Form<SignIn>) ->
 }
 
 async fn sign_out(State(state): State<ConsoleState>, req: Request) -> Response {
-    if let Some(id) = session_id(req.headers()) {
+    let (parts, body) = req.into_parts();
+    // The body was read (and bounded) by `require_session`.
+    let body = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .unwrap_or_default();
+    if let Err(e) = form_params(parts.uri.query(), &body, &["csrf"]) {
+        let session = parts.extensions.get::<Session>();
+        return refused(session, &e);
+    }
+    if let Some(id) = session_id(&parts.headers) {
         state.sessions.remove(id);
     }
     (
@@ -360,7 +414,14 @@ async fn sign_out(State(state): State<ConsoleState>, req: Request) -> Response {
         .into_response()
 }
 
-async fn overview(State(state): State<ConsoleState>, Extension(s): Extension<Session>) -> Response {
+async fn overview(
+    State(state): State<ConsoleState>,
+    Extension(s): Extension<Session>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    if let Err(e) = query_params(raw.as_deref(), &[]) {
+        return refused(Some(&s), &e);
+    }
     let admin = &state.admin;
     let stats = admin.store.stats().await.map_err(|e| e.to_string());
     let now = crate::store::now();
@@ -400,7 +461,7 @@ fn non_empty(v: &Option<String>) -> Option<String> {
 
 /// The filters of the events list, as the form sends them (empty fields
 /// are no filter).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default)]
 pub(crate) struct EventsQuery {
     status: Option<String>,
     event_name: Option<String>,
@@ -411,6 +472,27 @@ pub(crate) struct EventsQuery {
 }
 
 impl EventsQuery {
+    /// Every name the events list takes.
+    const FIELDS: [&str; 6] = [
+        "status",
+        "event_name",
+        "error_contains",
+        "failed_since",
+        "failed_until",
+        "before",
+    ];
+
+    fn from_params(p: &Params) -> Result<Self, String> {
+        Ok(Self {
+            status: p.text("status")?,
+            event_name: p.text("event_name")?,
+            error_contains: p.text("error_contains")?,
+            failed_since: p.text("failed_since")?,
+            failed_until: p.text("failed_until")?,
+            before: p.text("before")?,
+        })
+    }
+
     /// The store's filter; failed events when no status is given, every
     /// status for `all`. The error names the field that is wrong.
     fn to_filter(&self) -> Result<ListFilter, String> {
@@ -464,8 +546,19 @@ impl EventsQuery {
 async fn events(
     State(state): State<ConsoleState>,
     Extension(s): Extension<Session>,
-    Query(q): Query<EventsQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Response {
+    let q = match query_params(raw.as_deref(), &EventsQuery::FIELDS)
+        .and_then(|p| EventsQuery::from_params(&p))
+    {
+        Ok(q) => q,
+        Err(e) => {
+            return html(
+                StatusCode::BAD_REQUEST,
+                pages::events(&s, &EventsQuery::default(), &[], None, Some(&e)),
+            )
+        }
+    };
     let filter = match q.to_filter() {
         Ok(f) => f,
         Err(e) => {
@@ -493,24 +586,21 @@ async fn events(
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
-struct EventQuery {
-    /// Set after a resend from this page: its result.
-    resent: Option<String>,
-}
-
 async fn event(
     State(state): State<ConsoleState>,
     Extension(s): Extension<Session>,
     Path(id): Path<i64>,
-    Query(q): Query<EventQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Response {
+    // `resent=true`: set by the redirect after a resend from this page.
+    let resent = match query_params(raw.as_deref(), &["resent"]).and_then(|p| p.flag("resent")) {
+        Ok(r) => r.unwrap_or(false),
+        Err(e) => return refused(Some(&s), &e),
+    };
     match state.admin.store.get(id).await {
         Ok(Some(row)) => {
-            let notice = q
-                .resent
-                .is_some()
-                .then(|| format!("Event {id} set to pending: the sidecar sends it again."));
+            let notice =
+                resent.then(|| format!("Event {id} set to pending: the sidecar sends it again."));
             // The attempt timeline, from the attempt log.
             let attempts: Vec<AttemptView> = match state.admin.store.history(id).await {
                 Ok(records) => records.into_iter().map(attempt_view).collect(),
@@ -542,7 +632,12 @@ async fn resend_event(
     State(state): State<ConsoleState>,
     Extension(s): Extension<Session>,
     Path(id): Path<i64>,
+    RawQuery(raw): RawQuery,
+    body: Bytes,
 ) -> Response {
+    if let Err(e) = form_params(raw.as_deref(), &body, &["csrf"]) {
+        return refused(Some(&s), &e);
+    }
     let admin = &state.admin;
     match operator::resend_one(
         &admin.store,
@@ -552,7 +647,9 @@ async fn resend_event(
     )
     .await
     {
-        Ok(Ok(_)) => Redirect::to(&format!("/admin/console/events/{id}?resent=1")).into_response(),
+        Ok(Ok(_)) => {
+            Redirect::to(&format!("/admin/console/events/{id}?resent=true")).into_response()
+        }
         Ok(Err(r @ RetryRefused::NotFound(_))) => html(
             StatusCode::NOT_FOUND,
             pages::message_page("Not resent", Some(&s), &r.to_string()),
@@ -568,14 +665,6 @@ async fn resend_event(
     }
 }
 
-/// The bulk resend form's fields; `preview` asks for the dry run.
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct BulkQuery {
-    #[serde(flatten)]
-    filters: ResendFilters,
-    preview: Option<String>,
-}
-
 /// Empty form fields are no filter.
 fn cleaned(f: &ResendFilters) -> ResendFilters {
     ResendFilters {
@@ -587,17 +676,38 @@ fn cleaned(f: &ResendFilters) -> ResendFilters {
     }
 }
 
-/// The bulk resend form; with `preview`, the dry run (count and sample)
-/// and the form that confirms it.
+/// The bulk resend form; with `preview=true`, the dry run (count and
+/// sample) and the form that confirms it, carrying the count.
 async fn bulk_form(
     State(state): State<ConsoleState>,
     Extension(s): Extension<Session>,
-    Query(q): Query<BulkQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Response {
     let admin = &state.admin;
-    let filters = cleaned(&q.filters);
     let names: Vec<&str> = admin.dispatchers.keys().map(String::as_str).collect();
-    if q.preview.is_none() {
+    let mut fields = FILTER_FIELDS.to_vec();
+    fields.push("preview");
+    let parsed = query_params(raw.as_deref(), &fields).and_then(|p| {
+        Ok((
+            crate::admin::resend_filters(&p)?,
+            p.flag("preview")?.unwrap_or(false),
+        ))
+    });
+    let (filters, preview) = match parsed {
+        Ok((f, preview)) => (cleaned(&f), preview),
+        Err(e) => {
+            return html(
+                StatusCode::BAD_REQUEST,
+                pages::bulk(
+                    &s,
+                    &ResendFilters::default(),
+                    &names,
+                    pages::BulkStage::Error(&e),
+                ),
+            )
+        }
+    };
+    if !preview {
         return html(
             StatusCode::OK,
             pages::bulk(&s, &filters, &names, pages::BulkStage::Form),
@@ -622,6 +732,7 @@ async fn bulk_form(
                 pages::BulkStage::Preview {
                     count,
                     sample: &sample,
+                    refused: None,
                 },
             ),
         ),
@@ -637,15 +748,40 @@ async fn bulk_form(
     }
 }
 
-/// The confirmed bulk resend: the API's `POST /admin/events/retry`.
+/// The confirmed bulk resend: the API's `POST /admin/events/retry`. The
+/// form carries the count its dry run showed (`confirm`); when as many
+/// rows no longer match, nothing is resent and the dry run is shown again
+/// with the new count.
 async fn bulk_resend(
     State(state): State<ConsoleState>,
     Extension(s): Extension<Session>,
-    Form(form): Form<ResendFilters>,
+    RawQuery(raw): RawQuery,
+    body: Bytes,
 ) -> Response {
     let admin = &state.admin;
-    let filters = cleaned(&form);
     let names: Vec<&str> = admin.dispatchers.keys().map(String::as_str).collect();
+    let mut fields = FILTER_FIELDS.to_vec();
+    fields.extend(["csrf", "confirm"]);
+    let parsed = form_params(raw.as_deref(), &body, &fields).and_then(|p| {
+        Ok((
+            crate::admin::resend_filters(&p)?,
+            p.number::<u64>("confirm", "the number of events the dry run counted")?,
+        ))
+    });
+    let (filters, confirm) = match parsed {
+        Ok((f, confirm)) => (cleaned(&f), confirm),
+        Err(e) => {
+            return html(
+                StatusCode::BAD_REQUEST,
+                pages::bulk(
+                    &s,
+                    &ResendFilters::default(),
+                    &names,
+                    pages::BulkStage::Error(&e),
+                ),
+            )
+        }
+    };
     let filter = match filters.to_filter(&admin.dispatchers) {
         Ok(f) => f,
         Err(e) => {
@@ -655,6 +791,46 @@ async fn bulk_resend(
             )
         }
     };
+    let (count, sample) = match operator::preview_resend(&admin.store, &filter).await {
+        Ok(preview) => preview,
+        Err(e) => {
+            return html(
+                StatusCode::SERVICE_UNAVAILABLE,
+                pages::bulk(
+                    &s,
+                    &filters,
+                    &names,
+                    pages::BulkStage::Error(&e.to_string()),
+                ),
+            )
+        }
+    };
+    if let Err(r) = crate::admin::check_confirm(count, confirm) {
+        let why = match r {
+            ConfirmRefused::Mismatch { count, confirm } => format!(
+                "The dry run counted {confirm}; {count} failed event(s) match now. \
+                 Nothing was resent: check the sample and confirm again."
+            ),
+            ConfirmRefused::Needed { count } => format!(
+                "{count} failed events match, more than {}: confirm the count below. \
+                 Nothing was resent.",
+                operator::CONFIRM_ABOVE
+            ),
+        };
+        return html(
+            StatusCode::CONFLICT,
+            pages::bulk(
+                &s,
+                &filters,
+                &names,
+                pages::BulkStage::Preview {
+                    count,
+                    sample: &sample,
+                    refused: Some(&why),
+                },
+            ),
+        );
+    }
     match operator::resend_failed(
         &admin.store,
         Some(&admin.metrics),

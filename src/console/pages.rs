@@ -77,9 +77,12 @@ pub struct OverviewView {
 /// What the bulk resend page shows.
 pub enum BulkStage<'a> {
     Form,
+    /// The dry run; `refused`: why a confirmation was not taken (the
+    /// count changed since the dry run).
     Preview {
         count: u64,
         sample: &'a [OutboxEventRow],
+        refused: Option<&'a str>,
     },
     Done(u64),
     Error(&'a str),
@@ -449,7 +452,7 @@ pub fn bulk(
             p.muted { "Sets the failed events the filters select back to pending (attempts 0); the sidecar sends them again. A dry run comes first." }
             form.filters method="get" action="/admin/console/resend" {
                 (filter_fields(f, dispatchers, false))
-                input type="hidden" name="preview" value="1";
+                input type="hidden" name="preview" value="true";
                 button #dry-run type="submit" { "Dry run" }
             }
             @match stage {
@@ -459,7 +462,8 @@ pub fn bulk(
                     p.notice #result { (n) " event" @if n != 1 { "s" } " set to pending." }
                     p { a href="/admin/console/events?status=all" { "See the events" } }
                 }
-                BulkStage::Preview { count, sample } => {
+                BulkStage::Preview { count, sample, refused } => {
+                    @if let Some(why) = refused { p.error #refused { (why) } }
                     p #would-resend { strong { (count) } " failed event" @if count != 1 { "s" } " would be resent." }
                     @if count > 0 {
                         @if !sample.is_empty() {
@@ -479,6 +483,7 @@ pub fn bulk(
                         form method="post" action="/admin/console/resend" {
                             input type="hidden" name="csrf" value=(session.csrf);
                             (filter_fields(f, dispatchers, true))
+                            input type="hidden" name="confirm" value=(count);
                             button.danger #confirm type="submit" { "Resend " (count) " event" @if count != 1 { "s" } }
                         }
                     }

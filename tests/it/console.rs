@@ -504,7 +504,10 @@ async fn console_refuses_every_page_and_action_without_a_session_and_posts_witho
         .await
         .unwrap();
     assert_eq!(r.status(), 303);
-    assert_eq!(location(&r), format!("/admin/console/events/{id}?resent=1"));
+    assert_eq!(
+        location(&r),
+        format!("/admin/console/events/{id}?resent=true")
+    );
     t.wait_status(id, Status::Sent, T).await;
 
     // Cursor paging: 50 a page, newest first, with the API's cursor.
@@ -589,4 +592,204 @@ async fn console_is_disabled_without_an_admin_token() {
     assert_eq!(r.status(), 403);
     let r = http.get(t.api_url("/admin/console/")).send().await.unwrap();
     assert_eq!(r.status(), 403);
+}
+
+/// Signs in with a plain HTTP client: the session cookie and its CSRF token.
+async fn signed_in(t: &TestApp, http: &reqwest::Client) -> (String, String) {
+    let r = http
+        .post(t.api_url("/admin/console/signin"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", TOKEN)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = http
+        .get(t.api_url("/admin/console/resend"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    (cookie.clone(), csrf_of(&page))
+}
+
+/// The value of the hidden `confirm` field of the bulk page's confirming
+/// form, if it has one.
+fn confirm_of(page: &str) -> Option<String> {
+    let at = page.find(r#"name="confirm" value=""#)? + r#"name="confirm" value=""#.len();
+    Some(page[at..at + page[at..].find('"').unwrap()].to_owned())
+}
+
+/// The console refuses a form field or query key its forms do not have
+/// (400 naming it, nothing changed), parses its booleans strictly, and its
+/// bulk resend takes the count the dry run showed: when the count changed
+/// in between, nothing is resent and the dry run is shown again with the
+/// new count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_refuses_unknown_fields_and_a_resend_whose_count_changed() {
+    let t = spawn_app_with(Options::default(), rejecting_receiver().await).await;
+    let ids = failed_events(
+        &t,
+        &[
+            "accounts.purchase_create",
+            "accounts.purchase_create",
+            "accounts.purchase_create",
+        ],
+    )
+    .await;
+    let http = no_redirects();
+    let (cookie, csrf) = signed_in(&t, &http).await;
+    let get = |path: &str| {
+        let req = http.get(t.api_url(path)).header("cookie", &cookie);
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let post = |path: &str, fields: Vec<(&str, String)>| {
+        let body = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(fields)
+            .finish();
+        let req = http
+            .post(t.api_url(path))
+            .header("cookie", &cookie)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body);
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let unchanged = || async {
+        for id in &ids {
+            let row = t.row(*id).await;
+            assert_eq!(
+                (row.status, row.attempts),
+                (Status::Failed, 3),
+                "event {id}"
+            );
+        }
+        assert!(t.store.pauses().await.unwrap().is_empty(), "nothing paused");
+    };
+
+    // Pages: an unknown query key, a key twice, a boolean that is not
+    // `true`/`false`.
+    for (path, names) in [
+        (
+            "/admin/console/events?eventname=x",
+            "unknown query parameter `eventname`; expected one of: status, event_name,",
+        ),
+        (
+            "/admin/console/events?status=all&status=failed",
+            "query parameter `status` is given twice",
+        ),
+        (
+            "/admin/console/resend?preview=true&error=503",
+            "unknown query parameter `error`; expected one of: event_name,",
+        ),
+        (
+            "/admin/console/resend?preview=1",
+            "query parameter `preview`: expected `true` or `false`, not &quot;1&quot;",
+        ),
+        (
+            "/admin/console/resend?preview=yes",
+            "query parameter `preview`: expected `true` or `false`",
+        ),
+        (
+            &format!("/admin/console/events/{}?resent=1", ids[0]),
+            "query parameter `resent`: expected `true` or `false`",
+        ),
+        (
+            "/admin/console/dispatchers?x=1",
+            "unknown query parameter `x`: this route takes none",
+        ),
+        (
+            "/admin/console/?x=1",
+            "unknown query parameter `x`: this route takes none",
+        ),
+    ] {
+        let (status, page) = get(path).await;
+        assert_eq!(status, 400, "GET {path}: {page}");
+        assert!(page.contains(names), "GET {path}: {page}");
+    }
+    // Forms: a field the form does not have.
+    let bulk = "/admin/console/resend";
+    for (path, fields, names) in [
+        (
+            bulk.to_owned(),
+            vec![("event_name", "accounts.purchase_create".to_owned()), ("eventname", "x".to_owned())],
+            "unknown form field `eventname`; expected one of: event_name, dispatcher, error_contains, failed_since, failed_until, csrf, confirm",
+        ),
+        (
+            bulk.to_owned(),
+            vec![("error", "503".to_owned()), ("confirm", "3".to_owned())],
+            "unknown form field `error`",
+        ),
+        (
+            format!("/admin/console/events/{}/resend", ids[0]),
+            vec![("label", "x".to_owned())],
+            "unknown form field `label`; expected one of: csrf",
+        ),
+        (
+            "/admin/console/dispatchers/accounts/pause".to_owned(),
+            vec![("reason", "deploy".to_owned())],
+            "unknown form field `reason`; expected one of: csrf, label",
+        ),
+    ] {
+        let mut with_csrf = vec![("csrf", csrf.clone())];
+        with_csrf.extend(fields);
+        let (status, page) = post(&path, with_csrf).await;
+        assert_eq!(status, 400, "POST {path}: {page}");
+        assert!(page.contains(names), "POST {path}: {page}");
+        unchanged().await;
+    }
+
+    // The two steps: the dry run's form carries its count...
+    let (status, page) =
+        get("/admin/console/resend?event_name=accounts.purchase_create&preview=true").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(confirm_of(&page).as_deref(), Some("3"), "{page}");
+    // ...one of the three is resent meanwhile, so 2 match: nothing is
+    // resent, the dry run again with 2.
+    let r = reqwest::Client::new()
+        .post(t.api_url(&format!("/admin/events/{}/retry", ids[0])))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    t.wait_status(ids[0], Status::Sent, T).await;
+    let confirm = |n: &str| {
+        vec![
+            ("csrf", csrf.clone()),
+            ("event_name", "accounts.purchase_create".to_owned()),
+            ("confirm", n.to_owned()),
+        ]
+    };
+    let (status, page) = post(bulk, confirm("3")).await;
+    assert_eq!(status, 409, "{page}");
+    assert!(
+        page.contains("The dry run counted 3; 2 failed event(s) match now. Nothing was resent"),
+        "{page}"
+    );
+    assert_eq!(confirm_of(&page).as_deref(), Some("2"), "{page}");
+    for id in &ids[1..] {
+        assert_eq!(t.row(*id).await.status, Status::Failed, "event {id}");
+    }
+    let (status, page) = post(bulk, confirm("2")).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("2 events set to pending."), "{page}");
+    for id in &ids[1..] {
+        t.wait_status(*id, Status::Sent, T).await;
+    }
 }

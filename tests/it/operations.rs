@@ -758,3 +758,220 @@ async fn readiness_logs_the_database_error_at_warn() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A typo in a bulk resend is refused, never read as "no filter" or "not a
+/// dry run": with 3 failed rows, a boolean that is not `true`/`false`, an
+/// unknown parameter, a repeated one or a body each answer 400 naming what
+/// is wrong, and no row changes. The receiver accepts by then, so a resend
+/// would show as a sent row and a second request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_typos_are_refused_and_change_nothing() {
+    let reject = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flag = reject.clone();
+    let receiver = Receiver::start(move |_| {
+        if flag.load(std::sync::atomic::Ordering::SeqCst) {
+            ResponseTemplate::new(503)
+        } else {
+            ResponseTemplate::new(200)
+        }
+    })
+    .await;
+    let mut t = spawn_app_with(
+        Options {
+            max_attempts: 1,
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    let mut ids = Vec::new();
+    for name in [
+        "accounts.purchase_create",
+        "accounts.installment_paid",
+        "accounts.installment_overdue",
+    ] {
+        ids.push(t.insert(name, json!({})).await);
+    }
+    for id in &ids {
+        t.wait_status(*id, Status::Failed, T).await;
+    }
+    reject.store(false, std::sync::atomic::Ordering::SeqCst);
+    let before: Vec<_> = {
+        let mut rows = Vec::new();
+        for id in &ids {
+            rows.push(t.row(*id).await);
+        }
+        rows
+    };
+    let unchanged = |what: String| {
+        let t = &t;
+        let before = &before;
+        async move {
+            for row in before {
+                let now = t.row(row.id).await;
+                assert_eq!(
+                    (now.status, now.attempts, now.updated_at),
+                    (Status::Failed, 1, row.updated_at),
+                    "event {} after {what}",
+                    row.id
+                );
+            }
+        }
+    };
+    let call = |method: &str, path: &str, body: Option<&'static str>| {
+        let mut req = client()
+            .request(method.parse().unwrap(), t.api_url(path))
+            .bearer_auth(TOKEN);
+        if let Some(b) = body {
+            req = req
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(b);
+        }
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    // (method, path, body, what the error must name)
+    let refused: &[(&str, &str, Option<&'static str>, &str)] = &[
+        ("POST", "/admin/events/retry?dry_run=yes", None, "`dry_run`: expected `true` or `false`, not \"yes\""),
+        ("POST", "/admin/events/retry?dry_run=True", None, "`dry_run`: expected `true` or `false`, not \"True\""),
+        ("POST", "/admin/events/retry?dry_run=", None, "`dry_run`: expected `true` or `false`, not \"\""),
+        ("POST", "/admin/events/retry?dry_run", None, "`dry_run`: expected `true` or `false`"),
+        ("POST", "/admin/events/retry?dry_run=1", None, "`dry_run`: expected `true` or `false`, not \"1\""),
+        ("POST", "/admin/events/retry?eventname=x", None, "unknown query parameter `eventname`; expected one of: status, event_name, dispatcher,"),
+        ("POST", "/admin/events/retry?error=503", None, "unknown query parameter `error`;"),
+        ("POST", "/admin/events/retry?event_name=accounts.purchase_create&event_name=x", None, "query parameter `event_name` is given twice"),
+        ("POST", "/admin/events/retry?error_contains=", None, "query parameter `error_contains` is empty"),
+        ("POST", "/admin/events/retry?confirm=all", None, "query parameter `confirm`: expected the number of events a dry run counted, not \"all\""),
+        ("POST", "/admin/events/retry", Some("dry_run=true"), "the admin API takes its parameters in the query string"),
+        ("GET", "/admin/events?state=failed", None, "unknown query parameter `state`; expected one of: status, event_name, limit, before"),
+        ("GET", "/admin/events?limit=ten", None, "query parameter `limit`: expected a number of events, not \"ten\""),
+        ("GET", "/admin/dispatchers?verbose=true", None, "unknown query parameter `verbose`: this route takes none"),
+        ("POST", "/admin/events/retrigger?id=1", None, "unknown query parameter `id`; expected one of: ids, pending_older_than, event_name"),
+        ("POST", "/admin/dispatchers/accounts/pause?reason=deploy", None, "unknown query parameter `reason`; expected one of: label"),
+        ("POST", "/admin/dispatchers/accounts/resume?label=x", None, "unknown query parameter `label`: this route takes none"),
+    ];
+    for (method, path, body, names) in refused {
+        let (status, answer) = call(method, path, *body).await;
+        assert_eq!(status, 400, "{method} {path} {body:?}: {answer}");
+        let message = answer["error"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(names),
+            "{method} {path} {body:?}: {message:?} should contain {names:?}"
+        );
+        unchanged(format!("{method} {path} {body:?}")).await;
+    }
+    for id in &ids {
+        let (status, answer) = call("GET", &format!("/admin/events/{id}?history=true"), None).await;
+        assert_eq!(status, 400, "{answer}");
+        let (status, answer) = call(
+            "POST",
+            &format!("/admin/events/{id}/retry?lable=oops"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 400, "{answer}");
+        assert!(answer["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("unknown query parameter `lable`; expected one of: label"));
+    }
+    unchanged("the single-event typos".into()).await;
+    assert!(
+        t.store.pauses().await.unwrap().is_empty(),
+        "nothing was paused"
+    );
+    t.wait_all_committed(&t.group, T).await;
+    for id in &ids {
+        assert_eq!(t.receiver.for_id(*id).len(), 1, "event {id} sent once only");
+    }
+
+    // The right spellings work: a dry run, and (below the threshold) a
+    // confirmation is optional but must be the count when given.
+    let (status, dry) = call("POST", "/admin/events/retry?dry_run=true", None).await;
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!(
+        (
+            dry["would_resend"].as_u64(),
+            dry["confirm_required"].as_bool()
+        ),
+        (Some(3), Some(false)),
+        "{dry}"
+    );
+    let (status, dry) = call(
+        "POST",
+        "/admin/events/retry?dry_run=false&confirm=2&label=typo",
+        None,
+    )
+    .await;
+    assert_eq!(status, 409, "{dry}");
+    assert_eq!(dry["would_resend"], 3, "{dry}");
+    unchanged("a confirmation that is not the count".into()).await;
+    let (status, done) = call(
+        "POST",
+        "/admin/events/retry?dry_run=false&confirm=3&label=ok",
+        None,
+    )
+    .await;
+    assert_eq!((status, done["resent"].as_u64()), (200, Some(3)), "{done}");
+    for id in &ids {
+        t.wait_status(*id, Status::Sent, T).await;
+    }
+    t.stop().await;
+}
+
+/// Above 1,000 matching rows a bulk resend needs `confirm=N`, N the count
+/// a dry run returned: without it, or with another number, 409 with the
+/// count and nothing resent; with it, every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_bulk_resend_above_the_threshold_needs_the_count() {
+    use sea_orm::ConnectionTrait;
+    let mut t = spawn_app(Options::default()).await;
+    let n = outbox_sidecar::operator::CONFIRM_ABOVE + 1;
+    let conn = sea_orm::Database::connect(&t.db.url).await.unwrap();
+    conn.execute_unprepared(&format!(
+        "INSERT INTO outbox_events (event_name, payload, status, attempts, last_error, created_at, updated_at) \
+         SELECT 'accounts.purchase_create', '{{}}', 'failed', 3, 'HTTP 503', now(), now() \
+         FROM generate_series(1, {n})"
+    ))
+    .await
+    .unwrap();
+    let failed = || async { t.store.stats().await.unwrap().failed as u64 };
+    assert_eq!(failed().await, n);
+    let post = |q: String| {
+        let req = client()
+            .post(t.api_url(&format!("/admin/events/retry{q}")))
+            .bearer_auth(TOKEN);
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, dry) = post("?dry_run=true".into()).await;
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!(dry["would_resend"], n, "{dry}");
+    let (status, refused) = post(String::new()).await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["would_resend"], n, "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("repeat with confirm={n}")),
+        "{refused}"
+    );
+    assert_eq!(failed().await, n, "nothing resent without confirm");
+    assert_eq!(dry["confirm_required"], true, "{dry}");
+    for wrong in [n - 1, n + 1, 1] {
+        let (status, refused) = post(format!("?confirm={wrong}")).await;
+        assert_eq!(status, 409, "confirm={wrong}: {refused}");
+        assert_eq!(refused["would_resend"], n, "{refused}");
+        assert_eq!(failed().await, n, "nothing resent with confirm={wrong}");
+    }
+    let (status, done) = post(format!("?confirm={n}&label=after+the+outage")).await;
+    assert_eq!((status, done["resent"].as_u64()), (200, Some(n)), "{done}");
+    assert_eq!(failed().await, 0);
+    t.stop().await;
+}
