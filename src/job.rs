@@ -92,7 +92,11 @@ impl JobContext {
         JobContext {
             series,
             unregistered,
-            status_writer: StatusWriter::spawn(store.clone(), max_attempts),
+            status_writer: StatusWriter::spawn_counting(
+                store.clone(),
+                max_attempts,
+                Some(metrics.history_writes_failed_total.clone()),
+            ),
             row_reader: RowReader::spawn(store.clone()),
             store,
             registry,

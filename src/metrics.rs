@@ -62,6 +62,7 @@ pub struct Metrics {
     pub row_reads_failed_total: prometheus::IntCounter,
     pub job_panics_total: prometheus::IntCounter,
     pub status_writes_given_up_total: IntCounterVec,
+    pub history_writes_failed_total: prometheus::IntCounter,
     pub consumer_errors_total: IntCounterVec,
     /// What `/readyz` answers, for clusters that do not probe it (the
     /// shipped Deployment): set on every scrape.
@@ -206,6 +207,12 @@ impl Metrics {
         for to in ["sent", "failure"] {
             status_writes_given_up_total.with_label_values(&[to]);
         }
+        let history_writes_failed_total = must(prometheus::IntCounter::new(
+            "outbox_history_writes_failed_total",
+            "Attempt-log rows the database refused (table renamed or dropped, a privilege \
+             revoked, no partition); their status was written without them",
+        ));
+        reg(Box::new(history_writes_failed_total.clone()));
         let consumer_errors_total = must(IntCounterVec::new(
             Opts::new(
                 "outbox_consumer_errors_total",
@@ -313,6 +320,7 @@ impl Metrics {
             row_reads_failed_total,
             job_panics_total,
             status_writes_given_up_total,
+            history_writes_failed_total,
             consumer_errors_total,
             ready,
             database_up,

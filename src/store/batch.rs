@@ -91,8 +91,22 @@ impl StatusWriter {
     /// Starts the writer task; it ends when every handle is dropped.
     /// `max_attempts`: the failure that reaches it makes a row `failed`.
     pub fn spawn(store: Store, max_attempts: i32) -> StatusWriter {
+        Self::spawn_counting(store, max_attempts, None)
+    }
+
+    /// [`StatusWriter::spawn`], counting attempt-log rows the database
+    /// refused in `log_failures`.
+    pub fn spawn_counting(
+        store: Store,
+        max_attempts: i32,
+        log_failures: Option<prometheus::IntCounter>,
+    ) -> StatusWriter {
         let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
-        tokio::spawn(run(store, max_attempts, rx));
+        let log = Arc::new(LogHealth {
+            failures: log_failures,
+            off_until: std::sync::Mutex::new(None),
+        });
+        tokio::spawn(run(store, max_attempts, log, rx));
         StatusWriter { tx }
     }
 
@@ -218,7 +232,71 @@ async fn gather<T>(rx: &mut mpsc::Receiver<T>, first: T) -> Vec<T> {
     batch
 }
 
-async fn run(store: Store, max_attempts: i32, mut rx: mpsc::Receiver<Request>) {
+/// How long the attempt log is left alone after the database refused its
+/// rows before a write tries it again.
+pub const LOG_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// The attempt log's health as the writer sees it. The status is the
+/// truth and the log its shadow: when the database refuses the log's rows
+/// for good (its table renamed or dropped, a privilege revoked, no
+/// partition for the day), statuses are written without them, counted,
+/// and the log is tried again after [`LOG_RETRY_AFTER`].
+struct LogHealth {
+    failures: Option<prometheus::IntCounter>,
+    off_until: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl LogHealth {
+    /// Whether to write the log with this batch.
+    fn on(&self) -> bool {
+        let mut off = self.off_until.lock().unwrap_or_else(|e| e.into_inner());
+        match *off {
+            Some(until) if std::time::Instant::now() < until => false,
+            Some(_) => {
+                *off = None;
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// `rows` attempt-log rows not written.
+    fn dropped(&self, rows: usize) {
+        if let Some(c) = &self.failures {
+            c.inc_by(rows as u64);
+        }
+    }
+
+    /// The database refused the log's rows: off for a while.
+    fn refused(&self, store: &Store, rows: usize, error: &StoreError) {
+        self.dropped(rows);
+        let table = store
+            .history_table()
+            .map(|h| h.table.as_str())
+            .unwrap_or("");
+        tracing::warn!(
+            table,
+            rows,
+            error = %error,
+            retry_in = ?LOG_RETRY_AFTER,
+            "the attempt log refused its rows; statuses are written without them"
+        );
+        *self.off_until.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(std::time::Instant::now() + LOG_RETRY_AFTER);
+    }
+}
+
+/// Whether `result` is a refusal that the attempt log may have caused.
+fn log_suspect<T>(result: &Result<T, StoreError>, log: &[Attempt]) -> bool {
+    !log.is_empty() && result.as_ref().is_err_and(|e| !e.is_transient())
+}
+
+async fn run(
+    store: Store,
+    max_attempts: i32,
+    log: Arc<LogHealth>,
+    mut rx: mpsc::Receiver<Request>,
+) {
     let statements = Arc::new(Semaphore::new(CONCURRENT_STATEMENTS));
     while let Some(first) = rx.recv().await {
         let batch = gather(&mut rx, first).await;
@@ -229,14 +307,18 @@ async fn run(store: Store, max_attempts: i32, mut rx: mpsc::Receiver<Request>) {
             return;
         };
         let store = store.clone();
+        let log = log.clone();
         tokio::spawn(async move {
             // A connection that stops answering mid-statement (no reset,
             // no keepalive) would hold these jobs for ever: past the
             // deadline the batch is dropped, each job gets an error and
             // writes again (finding its own write if it did commit).
-            if tokio::time::timeout(STATEMENT_DEADLINE, write_batch(&store, max_attempts, batch))
-                .await
-                .is_err()
+            if tokio::time::timeout(
+                STATEMENT_DEADLINE,
+                write_batch(&store, max_attempts, &log, batch),
+            )
+            .await
+            .is_err()
             {
                 tracing::warn!(deadline = ?STATEMENT_DEADLINE, "a status write did not answer in time; its jobs write again");
             }
@@ -245,7 +327,7 @@ async fn run(store: Store, max_attempts: i32, mut rx: mpsc::Receiver<Request>) {
     }
 }
 
-async fn write_batch(store: &Store, max_attempts: i32, batch: Vec<Request>) {
+async fn write_batch(store: &Store, max_attempts: i32, log: &LogHealth, batch: Vec<Request>) {
     let (mut keys, mut sent_replies, mut sent_log) = (Vec::new(), Vec::new(), Vec::new());
     let (mut failures, mut failure_replies, mut failure_log) = (Vec::new(), Vec::new(), Vec::new());
     for request in batch {
@@ -265,14 +347,19 @@ async fn write_batch(store: &Store, max_attempts: i32, batch: Vec<Request>) {
     let own = |log: &[Attempt], id: i64| -> Vec<Attempt> {
         log.iter().filter(|a| a.event_id == id).cloned().collect()
     };
+    if !log.on() {
+        log.dropped(sent_log.len() + failure_log.len());
+        sent_log.clear();
+        failure_log.clear();
+    }
     // One after the other: a batch holds one pool connection at a time.
     if !keys.is_empty() {
-        let result = mark_sent_many(store, &keys, &sent_log).await;
+        let result = sent_then_alone(store, &keys, &mut sent_log, log).await;
         if refused_batch(&result, keys.len()) {
             // One row the database refuses must not fail its neighbours:
             // each row alone, each job its own answer.
             for (key, reply) in keys.into_iter().zip(sent_replies) {
-                let result = mark_sent_many(store, &[key], &own(&sent_log, key.id)).await;
+                let result = sent_then_alone(store, &[key], &mut own(&sent_log, key.id), log).await;
                 answer(std::iter::once(key.id), vec![reply], result, Sent::NotFound);
             }
         } else {
@@ -281,15 +368,17 @@ async fn write_batch(store: &Store, max_attempts: i32, batch: Vec<Request>) {
         }
     }
     if !failures.is_empty() {
-        let result = register_failure_many(store, &failures, max_attempts, &failure_log).await;
+        let result =
+            failures_then_alone(store, &failures, max_attempts, &mut failure_log, log).await;
         if refused_batch(&result, failures.len()) {
             for (failure, reply) in failures.into_iter().zip(failure_replies) {
                 let id = failure.seen.id;
-                let result = register_failure_many(
+                let result = failures_then_alone(
                     store,
                     std::slice::from_ref(&failure),
                     max_attempts,
-                    &own(&failure_log, id),
+                    &mut own(&failure_log, id),
+                    log,
                 )
                 .await;
                 answer(std::iter::once(id), vec![reply], result, Outcome::NotFound);
@@ -299,6 +388,47 @@ async fn write_batch(store: &Store, max_attempts: i32, batch: Vec<Request>) {
             answer(ids, failure_replies, result, Outcome::NotFound);
         }
     }
+}
+
+/// [`mark_sent_many`] with the attempt log; when the database refuses
+/// that for good, again without it (`attempts` emptied): a delivery never
+/// fails for its log row.
+async fn sent_then_alone(
+    store: &Store,
+    keys: &[Key],
+    attempts: &mut Vec<Attempt>,
+    log: &LogHealth,
+) -> Result<HashMap<i64, Sent>, StoreError> {
+    let result = mark_sent_many(store, keys, attempts).await;
+    if !log_suspect(&result, attempts) {
+        return result;
+    }
+    let alone = mark_sent_many(store, keys, &[]).await;
+    if let (Ok(_), Err(e)) = (&alone, &result) {
+        log.refused(store, attempts.len(), e);
+        attempts.clear();
+    }
+    alone
+}
+
+/// [`register_failure_many`], likewise.
+async fn failures_then_alone(
+    store: &Store,
+    failures: &[Failure],
+    max_attempts: i32,
+    attempts: &mut Vec<Attempt>,
+    log: &LogHealth,
+) -> Result<HashMap<i64, Outcome>, StoreError> {
+    let result = register_failure_many(store, failures, max_attempts, attempts).await;
+    if !log_suspect(&result, attempts) {
+        return result;
+    }
+    let alone = register_failure_many(store, failures, max_attempts, &[]).await;
+    if let (Ok(_), Err(e)) = (&alone, &result) {
+        log.refused(store, attempts.len(), e);
+        attempts.clear();
+    }
+    alone
 }
 
 /// A batch of several rows that the database refused for what it holds:
@@ -500,31 +630,39 @@ pub async fn mark_sent_many(
                     .execute_raw(backend.build(&update))
                     .await
                     .map_err(db_err(SENT_ACTION))?;
-                let ours: HashSet<i64> = if res.rows_affected() as usize == keys.len() {
-                    ids.iter().copied().collect()
+                let (txn, ours): (_, HashSet<i64>) = if res.rows_affected() as usize == keys.len() {
+                    (txn, ids.iter().copied().collect())
                 } else {
-                    // Which ones: those this transaction made `sent` now.
-                    let read = Query::select()
-                        .columns([Column::Id, Column::Status, Column::SentAt])
-                        .from(Alias::new(store.table()))
-                        .and_where(Expr::col(Column::Id).is_in(ids.iter().copied()))
-                        .to_owned();
-                    let rows = txn
-                        .query_all_raw(backend.build(&read))
+                    // Which ones: without RETURNING, only one UPDATE per
+                    // row tells exactly (reading `sent_at` back would
+                    // compare a `datetime(0)` or `timestamp` column's
+                    // whole seconds with this batch's microseconds).
+                    txn.rollback().await.map_err(db_err(SENT_ACTION))?;
+                    let txn = store
+                        .connection()
+                        .begin()
                         .await
                         .map_err(db_err(SENT_ACTION))?;
-                    let mut ours = HashSet::new();
-                    for r in rows {
-                        let id: i64 = r.try_get("", "id").map_err(db_err(SENT_ACTION))?;
-                        let status: String =
-                            r.try_get("", "status").map_err(db_err(SENT_ACTION))?;
-                        let sent_at: Option<chrono::NaiveDateTime> =
-                            r.try_get("", "sent_at").map_err(db_err(SENT_ACTION))?;
-                        if status == Status::Sent.as_str() && sent_at == Some(now) {
-                            ours.insert(id);
+                    let mut ours = HashSet::with_capacity(keys.len());
+                    for k in keys {
+                        let one = Query::update()
+                            .table(Alias::new(store.table()))
+                            .value(Column::Status, Status::Sent.as_str())
+                            .value(Column::SentAt, now)
+                            .value(Column::UpdatedAt, now)
+                            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+                            .and_where(Expr::col(Column::Id).eq(k.id))
+                            .and_where(Expr::col(Column::Attempts).eq(k.attempts))
+                            .to_owned();
+                        let res = txn
+                            .execute_raw(backend.build(&one))
+                            .await
+                            .map_err(db_err(SENT_ACTION))?;
+                        if res.rows_affected() == 1 {
+                            ours.insert(k.id);
                         }
                     }
-                    ours
+                    (txn, ours)
                 };
                 let mine: Vec<&Attempt> =
                     log.iter().filter(|a| ours.contains(&a.event_id)).collect();

@@ -481,3 +481,92 @@ async fn dispatchers_and_prune_from_the_command_line() {
     assert_eq!(code, Some(2));
     assert!(err.starts_with("error: --older-than: "), "{err}");
 }
+
+/// The status is the truth, the log its shadow: the log table renamed
+/// under a running sidecar (a migration gone wrong, a revoked privilege)
+/// and then a 2xx: the row becomes `sent`, the refused log rows counted.
+#[tokio::test]
+async fn a_log_table_gone_under_a_running_sidecar_costs_no_delivery() {
+    let receiver = Receiver::start(|_| ResponseTemplate::new(201)).await;
+    let t = spawn_app_with(Options::default(), receiver).await;
+    let first = t
+        .insert("accounts.purchase_create", json!({"amount": 1}))
+        .await;
+    t.wait_status(first, Status::Sent, Duration::from_secs(30))
+        .await;
+    t.store
+        .connection()
+        .execute_unprepared("ALTER TABLE outbox_event_attempts RENAME TO attempts_moved_away")
+        .await
+        .unwrap();
+    let id = t
+        .insert("accounts.purchase_create", json!({"amount": 2}))
+        .await;
+    t.wait_status(id, Status::Sent, Duration::from_secs(30))
+        .await;
+    let base = t.admin_url("");
+    crate::harness::eventually(
+        "the refused log row counted",
+        Duration::from_secs(10),
+        || {
+            let base = base.clone();
+            async move {
+                let v = crate::harness::metric(&base, "outbox_history_writes_failed_total").await?;
+                (v >= 1.0).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// MySQL/MariaDB `timestamp` and `datetime(0)` columns hold whole seconds:
+/// a batch where one key is stale must still log exactly the applied row
+/// and report it applied (no false give-up, no unlogged attempt).
+async fn whole_second_columns_log_their_own_rows(column: &str) {
+    let db = TestDb::new(Backend::MySql).await;
+    let store = db.store().await;
+    store
+        .connection()
+        .execute_unprepared(&format!(
+            "ALTER TABLE outbox_events MODIFY sent_at {column} NULL DEFAULT NULL, \
+             MODIFY updated_at {column} NOT NULL DEFAULT CURRENT_TIMESTAMP"
+        ))
+        .await
+        .unwrap();
+    let store = db.store().await;
+    let (row, other) = (pending(&store).await, pending(&store).await);
+    let keys = [
+        Key::from(&row),
+        Key {
+            id: other.id,
+            attempts: 5,
+        },
+    ];
+    let log = [
+        attempt(row.id, 1, Some(201), "ok"),
+        attempt(other.id, 6, Some(201), "stale"),
+    ];
+    let out = mark_sent_many(&store, &keys, &log).await.unwrap();
+    assert!(
+        matches!(out[&row.id], Sent::Applied { .. }),
+        "{:?}",
+        out[&row.id]
+    );
+    assert!(matches!(out[&other.id], Sent::Conflict(_)));
+    assert_eq!(store.history(row.id).await.unwrap().len(), 1, "logged");
+    assert!(store.history(other.id).await.unwrap().is_empty());
+    assert_eq!(
+        store.get(row.id).await.unwrap().unwrap().status,
+        Status::Sent
+    );
+}
+
+#[tokio::test]
+async fn mariadb_timestamp_columns_log_their_own_rows() {
+    whole_second_columns_log_their_own_rows("timestamp").await
+}
+
+#[tokio::test]
+async fn mariadb_datetime_0_columns_log_their_own_rows() {
+    whole_second_columns_log_their_own_rows("datetime(0)").await
+}
