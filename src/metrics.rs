@@ -59,6 +59,7 @@ pub struct Metrics {
     pub consumer_rebalances_total: IntCounterVec,
     pub db_write_retries_total: IntCounterVec,
     pub cdc_rows_visible_late_total: prometheus::IntCounter,
+    pub rows_never_visible_total: prometheus::IntCounter,
     pub row_reads_failed_total: prometheus::IntCounter,
     pub job_panics_total: prometheus::IntCounter,
     pub status_writes_given_up_total: IntCounterVec,
@@ -187,6 +188,12 @@ impl Metrics {
             "Rows found missing or older than their change event at first, read again until \
              they were visible (logical decoding ships a commit before it is visible)",
         ));
+        let rows_never_visible_total = must(prometheus::IntCounter::new(
+            "outbox_rows_never_visible_total",
+            "Change events whose row was still missing, or older than the event, at \
+             dispatch.row_visibility_timeout: decided on the row as read (it may need \
+             events retrigger)",
+        ));
         let row_reads_failed_total = must(prometheus::IntCounter::new(
             "outbox_row_reads_failed_total",
             "Batched reads of triggered rows that failed or passed their deadline (made again)",
@@ -232,6 +239,7 @@ impl Metrics {
             consumer_errors_total.with_label_values(&[k]);
         }
         reg(Box::new(cdc_rows_visible_late_total.clone()));
+        reg(Box::new(rows_never_visible_total.clone()));
         reg(Box::new(row_reads_failed_total.clone()));
         reg(Box::new(job_panics_total.clone()));
         let ready = must(IntGauge::new(
@@ -317,6 +325,7 @@ impl Metrics {
             consumer_rebalances_total,
             db_write_retries_total,
             cdc_rows_visible_late_total,
+            rows_never_visible_total,
             row_reads_failed_total,
             job_panics_total,
             status_writes_given_up_total,

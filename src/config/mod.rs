@@ -188,6 +188,11 @@ pub struct DispatchSettings {
     /// How often each replica reads the paused dispatchers.
     #[serde(default = "default_pause_refresh", with = "duration")]
     pub pause_refresh: Duration,
+    /// How long a row that is missing, or older than the change event that
+    /// announced it, is read again before the event is decided on the row
+    /// as read (logical decoding ships a commit early; a replica lags).
+    #[serde(default = "default_row_visibility_timeout", with = "duration")]
+    pub row_visibility_timeout: Duration,
 }
 
 impl Default for DispatchSettings {
@@ -199,8 +204,13 @@ impl Default for DispatchSettings {
             max_buffered_bytes: default_max_buffered_bytes(),
             pause_table: default_pause_table(),
             pause_refresh: default_pause_refresh(),
+            row_visibility_timeout: default_row_visibility_timeout(),
         }
     }
+}
+
+fn default_row_visibility_timeout() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_pause_table() -> String {
@@ -719,6 +729,12 @@ impl Settings {
         }
         if self.history.retention.is_zero() {
             return Err(ConfigError::key("history.retention", "must be above zero"));
+        }
+        if self.dispatch.row_visibility_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "dispatch.row_visibility_timeout",
+                "must be above zero",
+            ));
         }
         if self.dispatch.pause_refresh.is_zero() {
             return Err(ConfigError::key(

@@ -59,12 +59,6 @@ use crate::metrics::Metrics;
 use crate::store::{RowRead, Store};
 use schedule::{Flow, Limits, Pos, Read, Scheduler, Start};
 
-/// How long a row that is missing, or older than the change event that
-/// announced it, is read again before the event is decided on the row as
-/// read (CONTRACT §5: logical decoding can ship a commit before it is
-/// visible; a replica can lag).
-pub const ROW_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// How often an idle consumer loop turns (liveness).
 const BEAT: Duration = Duration::from_secs(1);
 
@@ -537,7 +531,7 @@ impl Pipeline {
             ctx,
             limits: Limits {
                 max_in_flight: dispatch.max_in_flight,
-                visibility_timeout: ROW_VISIBILITY_TIMEOUT,
+                visibility_timeout: dispatch.row_visibility_timeout,
                 max_buffered_bytes: dispatch.max_buffered_bytes,
             },
             dead_letter,

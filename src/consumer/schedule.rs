@@ -527,6 +527,7 @@ impl Scheduler {
                 ),
                 Some(RowRead::Undecodable { .. }) => "an undecodable row".to_owned(),
             };
+            self.metrics.rows_never_visible_total.inc();
             warn!(
                 id = w.id,
                 partition = w.pos.partition,
@@ -535,7 +536,8 @@ impl Scheduler {
                 expected_attempts = w.expect.attempts,
                 expected_updated_at = ?w.expect.updated_at,
                 waited = ?self.limits.visibility_timeout,
-                "the row never became visible as the change event announced it; deciding on the row as read"
+                "the row never became visible as the change event announced it; deciding on the row as read \
+                 (once it is there: outbox-sidecar events retrigger ID)"
             );
         } else if w.early_since.is_some() {
             self.metrics.cdc_rows_visible_late_total.inc();
@@ -588,21 +590,28 @@ impl Scheduler {
         self.rechecks.insert(w.id, (due, w));
     }
 
-    /// The id has no work here any more: the first trigger that waited for
-    /// it is decided again, the others with it.
+    /// The id has no work here any more: the triggers that waited for it
+    /// are decided again from the database, on the newest one's
+    /// expectation (an id's change events come in commit order on one
+    /// partition, so the newest says at least as much as the others: a row
+    /// as new as it satisfies them all). The older ones are finished now;
+    /// the newest waits, if it must, for its version to be visible.
     fn free(&mut self, id: i64) {
         self.work.remove(&id);
         self.deleted_while_reading.remove(&id);
         let Some(list) = self.deferred.remove(&id) else {
             return;
         };
-        let mut current = list.into_iter().filter(|(pos, _)| self.current(pos));
-        let Some((pos, expect)) = current.next() else {
+        let mut current: Vec<(Pos, Expect)> = list
+            .into_iter()
+            .filter(|(pos, _)| self.current(pos))
+            .collect();
+        let Some(newest) = (0..current.len()).max_by_key(|&i| current[i].0.offset) else {
             return;
         };
-        let rest: Vec<Pos> = current.map(|(pos, _)| pos).collect();
-        for pos in &rest {
-            self.finish(pos);
+        let (pos, expect) = current.swap_remove(newest);
+        for (older, _) in &current {
+            self.finish(older);
         }
         self.admit(id, pos, expect);
     }

@@ -135,8 +135,8 @@ fn triggers_for_a_running_id_wait_and_are_decided_once_from_the_database() {
     h.s.job_ended(1, job.serial, &first, true, h.now);
     assert_eq!(
         h.commit(0),
-        Some(1),
-        "the first echo waits for its re-decision"
+        Some(2),
+        "the newest echo waits for its re-decision; the older one, which it covers, is finished"
     );
     // One read decides the id again: the job wrote `sent`.
     let mut sent = row(1, Status::Sent, 0, 30);
@@ -146,6 +146,36 @@ fn triggers_for_a_running_id_wait_and_are_decided_once_from_the_database() {
     assert_eq!(h.skips("stale"), 1);
     assert_eq!(h.commit(0), Some(3), "every echo is finished");
     assert!(h.s.take_starts(0).is_empty());
+}
+
+/// A resend committed while a job of the same id runs, not yet visible
+/// when the id frees up: its change event keeps its own expectation and
+/// waits for it, instead of being finished as stale with the echo before it.
+#[test]
+fn a_deferred_resend_not_yet_visible_is_waited_for_not_dropped() {
+    let mut h = Harness::new(4);
+    let first = h.message(0, &trig(1, 0, 0));
+    h.answer(vec![pending(1)]);
+    let job = h.s.take_starts(0).remove(0);
+    // The job's own failure (attempt 3, failed at 30 ms), then an operator's
+    // resend (pending, 0 attempts, at 40 ms), both while the job runs.
+    h.message(1, &trig(1, 3, 30));
+    h.message(2, &trig(1, 0, 40));
+    h.s.job_ended(1, job.serial, &first, true, h.now);
+    // The read sees the row before the resend is visible: failed at 30 ms.
+    let mut failed = row(1, Status::Failed, 3, 30);
+    failed.last_error = Some("HTTP 500".into());
+    h.answer(vec![RowRead::Row(failed)]);
+    assert_eq!(h.skips("stale"), 0, "the resend's event is not dropped");
+    assert_eq!(h.commit(0), Some(2), "the resend's message waits");
+    assert!(h.s.take_starts(0).is_empty());
+    // The resend becomes visible: it is sent.
+    h.now = h.s.next_wakeup().expect("a re-read is scheduled");
+    h.answer(vec![RowRead::Row(row(1, Status::Pending, 0, 40))]);
+    let job = h.s.take_starts(0);
+    assert_eq!(job.len(), 1, "the resend is sent");
+    h.s.job_ended(1, job[0].serial, &job[0].pos, true, h.now);
+    assert_eq!(h.commit(0), Some(3));
 }
 
 #[test]
@@ -182,6 +212,7 @@ fn a_row_that_never_appears_is_given_up_at_the_visibility_timeout() {
         assert!(reads < 40, "bounded number of re-reads");
     }
     assert_eq!(h.skips("row_missing"), 1);
+    assert_eq!(h.metrics.rows_never_visible_total.get(), 1, "counted");
     assert_eq!(h.commit(0), Some(1));
     assert!(h.s.busy_ids().is_empty());
 }

@@ -429,3 +429,64 @@ async fn a_job_rereads_its_row_after_the_retry_wait_and_sends_nothing_stale() {
     );
     t.stop().await;
 }
+
+/// A row that stays invisible past `dispatch.row_visibility_timeout` (here
+/// shortened to 2 s): the event is decided on the row as read, counted in
+/// `outbox_rows_never_visible_total`, which the shipped alert
+/// `OutboxRowNeverVisible` watches; once the row is there, a retrigger
+/// announces it and it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_invisible_past_the_bound_is_counted_and_alerted() {
+    let mut t = spawn_app(Options {
+        partitions: 1,
+        dispatch_toml: "row_visibility_timeout = \"2s\"".into(),
+        ..Options::default()
+    })
+    .await;
+    let conn = sea_orm::Database::connect(&t.db.url)
+        .await
+        .expect("connect");
+    let txn = conn.begin().await.expect("begin");
+    let row = insert_silently(&txn, "pending", 1).await;
+    t.feed.republish(&row).await;
+    wait_metric(&t, "outbox_rows_never_visible_total", 1.0).await;
+    t.wait_all_committed(&t.group, Duration::from_secs(20))
+        .await;
+    // The alert watches that very counter.
+    let rule: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("deploy/kubernetes/prometheusrule.yaml"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let alert = rule["spec"]["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap())
+        .find(|a| a["alert"].as_str() == Some("OutboxRowNeverVisible"))
+        .expect("alert OutboxRowNeverVisible");
+    let expr = alert["expr"].as_str().unwrap();
+    assert!(
+        expr.contains("increase(outbox_rows_never_visible_total["),
+        "{expr}"
+    );
+    // The remedy: once the row is there, announce it again.
+    txn.commit().await.expect("commit");
+    let out = crate::cli::bin()
+        .env("OUTBOX__DATABASE__URL", &t.db.url)
+        .env("OUTBOX__DISPATCHERS__ACCOUNTS__URL", t.receiver.url())
+        .env(
+            "OUTBOX__DISPATCHERS__ACCOUNTS__EVENTS",
+            "accounts.purchase_create",
+        )
+        .args(["events", "retrigger", &row.id.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    t.wait_status(row.id, Status::Sent, Duration::from_secs(20))
+        .await;
+    t.stop().await;
+}

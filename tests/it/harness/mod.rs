@@ -103,6 +103,8 @@ pub struct Options {
     pub admin_token: Option<&'static str>,
     /// Extra TOML appended to the generated configuration.
     pub extra_toml: String,
+    /// Extra keys of the generated `[dispatch]` table.
+    pub dispatch_toml: String,
 }
 
 impl Default for Options {
@@ -114,6 +116,7 @@ impl Default for Options {
             partitions: 3,
             admin_token: Some("test-admin-token-0123456789"),
             extra_toml: String::new(),
+            dispatch_toml: String::new(),
         }
     }
 }
@@ -155,6 +158,7 @@ group_id = "{group}"
 max_attempts = {max_attempts}
 retry_delay = "{retry_delay}"
 max_in_flight = {max_in_flight}
+{dispatch_extra}
 [dispatchers.accounts]
 url = "{url}"
 events = ["accounts.purchase_create", "accounts.installment_paid", "accounts.installment_overdue"]
@@ -179,6 +183,7 @@ drain_timeout = "5s"
             max_in_flight = o.max_in_flight,
             url = self.receiver.url(),
             extra = o.extra_toml,
+            dispatch_extra = o.dispatch_toml,
         );
         Settings::from_toml(Some(&toml), BTreeMap::new()).expect("test settings")
     }
