@@ -458,9 +458,10 @@ struct Replies {
     done_rx: mpsc::UnboundedReceiver<JobDone>,
     read_tx: mpsc::UnboundedSender<ReadDone>,
     read_rx: mpsc::UnboundedReceiver<ReadDone>,
-    /// Dead-letter sends delivered (or given up): their message is finished.
-    dlq_tx: mpsc::UnboundedSender<Pos>,
-    dlq_rx: mpsc::UnboundedReceiver<Pos>,
+    /// Dead-letter sends delivered (or given up), with their bytes: their
+    /// message is finished.
+    dlq_tx: mpsc::UnboundedSender<(Pos, usize)>,
+    dlq_rx: mpsc::UnboundedReceiver<(Pos, usize)>,
 }
 
 impl Replies {
@@ -601,7 +602,9 @@ impl Pipeline {
                 Some((ticket, result)) = replies.read_rx.recv() => {
                     sched.rows_read(ticket, result, TokioInstant::now());
                 }
-                Some(pos) = replies.dlq_rx.recv() => sched.finish(&pos),
+                Some((pos, bytes)) = replies.dlq_rx.recv() => {
+                    sched.dead_letter_ended(&pos, bytes, TokioInstant::now());
+                }
                 // A job began its retry wait: its slot may take a ready row.
                 _ = self.ctx.wait_started.notified() => {}
                 _ = tokio::time::sleep_until(wake.unwrap_or_else(TokioInstant::now)), if wake.is_some() => {}
@@ -751,7 +754,7 @@ impl Pipeline {
         msg: Result<rdkafka::message::BorrowedMessage<'_>, KafkaError>,
         sched: &mut Scheduler,
         events: &mut mpsc::UnboundedReceiver<GroupEvent>,
-        dlq_tx: &mpsc::UnboundedSender<Pos>,
+        dlq_tx: &mpsc::UnboundedSender<(Pos, usize)>,
     ) {
         while let Ok(ev) = events.try_recv() {
             self.group_event(sched, ev);
@@ -803,6 +806,10 @@ impl Pipeline {
                 match &self.dead_letter {
                     Some((producer, topic)) => {
                         let raw = (m.key().map(<[u8]>::to_vec), m.payload().map(<[u8]>::to_vec));
+                        let bytes = raw.0.as_ref().map_or(0, Vec::len)
+                            + raw.1.as_ref().map_or(0, Vec::len)
+                            + 256;
+                        sched.dead_letter_began(bytes);
                         let send = dead_letter(
                             producer.clone(),
                             topic.clone(),
@@ -814,7 +821,7 @@ impl Pipeline {
                         let tx = dlq_tx.clone();
                         tokio::spawn(async move {
                             send.await;
-                            let _ = tx.send(pos);
+                            let _ = tx.send((pos, bytes));
                         });
                     }
                     None => sched.finish(&pos),

@@ -69,6 +69,11 @@ pub const HOLD_MAX: Duration = Duration::from_secs(5);
 /// Jobs waiting out `retry_delay` that may exist per in-flight slot: they
 /// hold no slot, so a row that failed does not hold back fresh ones.
 pub const WAITING_PER_SLOT: usize = 4;
+/// Dead-letter sends under way at most before fetching holds (each keeps
+/// its record in memory until the producer delivers or gives up, which a
+/// missing or slow topic makes minutes); their bytes are bounded to an
+/// eighth of `dispatch.max_buffered_bytes`.
+pub const MAX_DEAD_LETTERS: usize = 1_000;
 
 /// A message whose work is outstanding: where it is and which assignment
 /// of its partition it came from.
@@ -220,6 +225,9 @@ pub struct Scheduler {
     holding_since: Option<Instant>,
     /// When work last ended (what waits here can move).
     progress_at: Instant,
+    /// Dead-letter sends under way, and their records' bytes.
+    dead_letters: usize,
+    dead_letter_bytes: usize,
 }
 
 impl Scheduler {
@@ -246,6 +254,8 @@ impl Scheduler {
             paused: false,
             holding_since: None,
             progress_at: now,
+            dead_letters: 0,
+            dead_letter_bytes: 0,
         }
     }
 
@@ -708,10 +718,33 @@ impl Scheduler {
         !self.paused && self.over()
     }
 
-    /// Too much waits here: by count, or by payload bytes.
+    /// Too much waits here: by count, or by payload bytes; or too many
+    /// dead-letter sends are under way.
     fn over(&self) -> bool {
         self.held() >= high_mark(self.limits.max_in_flight)
             || self.ready_bytes >= self.limits.max_buffered_bytes / 2
+            || self.dead_letters >= MAX_DEAD_LETTERS
+            || self.dead_letter_bytes >= self.limits.max_buffered_bytes / 8
+    }
+
+    /// A dead-letter send of `bytes` began; its message is finished by
+    /// [`Self::dead_letter_ended`].
+    pub fn dead_letter_began(&mut self, bytes: usize) {
+        self.dead_letters += 1;
+        self.dead_letter_bytes += bytes;
+    }
+
+    /// A dead-letter send was delivered or given up.
+    pub fn dead_letter_ended(&mut self, pos: &Pos, bytes: usize, now: Instant) {
+        self.dead_letters = self.dead_letters.saturating_sub(1);
+        self.dead_letter_bytes = self.dead_letter_bytes.saturating_sub(bytes);
+        self.progress_at = now;
+        self.finish(pos);
+    }
+
+    /// Dead-letter sends under way.
+    pub fn dead_letters(&self) -> usize {
+        self.dead_letters
     }
 
     /// Bounds what waits here: holding starts a clock; the partitions are

@@ -564,3 +564,43 @@ fn payload_size_is_its_text() {
     let est = payload_bytes(&large);
     assert!(est >= large.len() && est < large.len() + 64, "{est}");
 }
+
+/// Dead-letter sends stuck on a missing topic keep their records in
+/// memory: past the bound fetching holds, the partitions pause when nothing
+/// moves, and they resume once the sends end.
+#[test]
+fn dead_letter_sends_are_bounded_and_fetching_resumes_when_they_end() {
+    let mut h = Harness::with_bytes(4, 64 << 20);
+    let mut sends = Vec::new();
+    for offset in 0..MAX_DEAD_LETTERS as i64 {
+        assert!(!h.s.holding(), "not holding below the bound ({offset})");
+        let pos = h.s.begin(0, offset).expect("assigned");
+        h.s.dead_letter_began(300);
+        sends.push(pos);
+    }
+    assert!(h.s.holding(), "at the bound, fetching holds");
+    assert_eq!(h.s.flow(h.now), None);
+    h.advance(PAUSE_AFTER);
+    assert_eq!(h.s.flow(h.now), Some(Flow::Pause), "nothing moves: paused");
+    assert_eq!(
+        h.commit(0),
+        Some(0),
+        "unsent dead letters are not committed"
+    );
+    for pos in &sends {
+        h.s.dead_letter_ended(pos, 300, h.now);
+    }
+    assert_eq!(h.s.flow(h.now), Some(Flow::Resume));
+    assert_eq!(h.commit(0), Some(MAX_DEAD_LETTERS as i64));
+    assert_eq!(h.s.dead_letters(), 0);
+}
+
+#[test]
+fn dead_letter_bytes_are_bounded_within_max_buffered_bytes() {
+    let mut h = Harness::with_bytes(4, 8 << 20);
+    let pos = h.s.begin(0, 0).expect("assigned");
+    h.s.dead_letter_began(1 << 20);
+    assert!(h.s.holding(), "one MiB is an eighth of 8 MiB");
+    h.s.dead_letter_ended(&pos, 1 << 20, h.now);
+    assert!(!h.s.holding());
+}

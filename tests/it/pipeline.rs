@@ -640,3 +640,56 @@ async fn a_busy_backlog_is_not_paused() {
     );
     app.stop().await;
 }
+
+/// Invalid records whose dead-letter topic does not exist (yet): each
+/// send keeps its record until the producer gives up, so they are bounded
+/// (`MAX_DEAD_LETTERS`, an eighth of `dispatch.max_buffered_bytes`);
+/// beyond that fetching pauses, and it resumes when the topic appears and
+/// the sends are delivered. Nothing is committed before its send ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_sends_to_a_missing_topic_are_bounded_and_fetching_resumes() {
+    use futures::StreamExt;
+    const N: usize = 3_000;
+    let dlq = crate::harness::unique("dlq-missing");
+    let opts = Options {
+        partitions: 1,
+        ..Options::default()
+    };
+    let mut t = spawn_app(opts).await;
+    t.stop().await;
+    let mut settings = t.settings(&t.group);
+    settings.kafka.dead_letter_topic = Some(dlq.clone());
+    settings
+        .kafka
+        .properties
+        .insert("allow.auto.create.topics".into(), "false".into());
+    let app = outbox_sidecar::app::App::start(settings).await.unwrap();
+    futures::stream::iter(0..N)
+        .for_each_concurrent(64, |i| {
+            let feed = &t.feed;
+            async move {
+                let key = format!("{{\"id\":{i}}}");
+                feed.publish_raw(Some(key.as_bytes()), Some(b"{not json"))
+                    .await
+            }
+        })
+        .await;
+    let base = format!("http://{}", app.admin_addr());
+    eventually("fetching to pause", T, || {
+        let base = base.clone();
+        async move {
+            let v = crate::harness::metric(&base, "outbox_consumer_paused").await?;
+            (v == 1.0).then_some(())
+        }
+    })
+    .await;
+    let committed = t.kafka.committed(&t.group, &t.topic, 1)[0];
+    assert!(
+        committed < 1_100,
+        "no more than the bound (plus one batch) taken in: committed {committed}"
+    );
+    t.kafka.create_topic(&dlq, 1).await;
+    t.wait_all_committed(&t.group, Duration::from_secs(300))
+        .await;
+    app.stop().await;
+}
