@@ -261,8 +261,13 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
     );
     let event_span = span.clone();
     async move {
+        // What the receiver's last `Retry-After` asked for, when longer
+        // than `retry_delay` (kept in memory only: a restart waits
+        // `retry_delay` from the row's `updated_at`).
+        let mut asked: Option<Duration> = None;
         loop {
-            if let Some(due) = due_at(&row, ctx.retry_delay) {
+            let delay = asked.map_or(ctx.retry_delay, |a| a.max(ctx.retry_delay));
+            if let Some(due) = due_at(&row, delay) {
                 let wait = (due - crate::store::now()).to_std().unwrap_or(Duration::ZERO);
                 {
                     let _waiting = Waiting::new(&ctx);
@@ -351,7 +356,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
             let record = ctx.store.history_table().map(|_| {
                 let (http_status, detail) = match &delivery {
                     Delivery::Delivered { status, excerpt } => (Some(*status), excerpt.clone()),
-                    Delivery::Failed { error, status } => (*status, error.clone()),
+                    Delivery::Failed { error, status, .. } => (*status, error.clone()),
                     Delivery::NotSent { error } => (None, error.clone()),
                 };
                 Attempt {
@@ -363,6 +368,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                     detail: Some(detail).filter(|d| !d.is_empty()),
                 }
             });
+            let failed: Option<String>;
             match delivery {
                 Delivery::Delivered { status, .. } => {
                     series.success.inc();
@@ -386,7 +392,16 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                         Ok(Sent::NotFound(_)) => JobEnd::Conflict(Status::Pending),
                     };
                 }
-                Delivery::Failed { error, .. } | Delivery::NotSent { error } => {
+                Delivery::Failed { error, retry_after, .. } => {
+                    asked = retry_after;
+                    failed = Some(error);
+                }
+                Delivery::NotSent { error } => {
+                    asked = None;
+                    failed = Some(error);
+                }
+            }
+            if let Some(error) = failed {
                     series.failure.inc();
                     let expected_error = ctx.store.truncate_error(&error);
                     let written = write(&ctx, "failure", || {
@@ -414,9 +429,9 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                         warn!(attempt, last_error = %error, "pending -> failed");
                         return JobEnd::Failed;
                     }
-                    warn!(attempt, last_error = %error, retry_in = ?ctx.retry_delay, "attempt failed");
+                    let retry_in = asked.map_or(ctx.retry_delay, |a| a.max(ctx.retry_delay));
+                    warn!(attempt, last_error = %error, ?retry_in, "attempt failed");
                     row = next;
-                }
             }
         }
     }

@@ -340,6 +340,18 @@ pub struct DispatcherSettings {
     /// Off unless set (R-004: any failure counts).
     #[serde(default)]
     pub breaker: Option<BreakerSettings>,
+    /// On a 429 or 503 with `Retry-After`, the next attempt waits the
+    /// longer of `retry_delay` and what the receiver asked (the attempt
+    /// still counts); off: `retry_delay` whatever the receiver said.
+    #[serde(default)]
+    pub respect_retry_after: bool,
+    /// The longest `Retry-After` honoured.
+    #[serde(default = "default_max_retry_after", with = "duration")]
+    pub max_retry_after: Duration,
+}
+
+fn default_max_retry_after() -> Duration {
+    Duration::from_secs(300)
 }
 
 /// The lowest TLS version a dispatcher's client negotiates.
@@ -364,6 +376,8 @@ impl std::fmt::Debug for DispatcherSettings {
             .field("client_key_file", &self.client_key_file)
             .field("min_tls_version", &self.min_tls_version)
             .field("breaker", &self.breaker)
+            .field("respect_retry_after", &self.respect_retry_after)
+            .field("max_retry_after", &self.max_retry_after)
             .finish()
     }
 }
@@ -729,6 +743,14 @@ impl Settings {
         }
         if self.history.retention.is_zero() {
             return Err(ConfigError::key("history.retention", "must be above zero"));
+        }
+        for (name, d) in &self.dispatchers {
+            if d.respect_retry_after && d.max_retry_after.is_zero() {
+                return Err(ConfigError::key(
+                    format!("dispatchers.{name}.max_retry_after"),
+                    "must be above zero when respect_retry_after is on",
+                ));
+            }
         }
         if self.dispatch.row_visibility_timeout.is_zero() {
             return Err(ConfigError::key(

@@ -37,8 +37,13 @@ const SUCCESS_BODY_LIMIT: usize = 64 * 1024;
 pub enum Delivery {
     /// A 2xx; `excerpt`: the start of the body, redacted, for the attempt log.
     Delivered { status: u16, excerpt: String },
-    /// Anything else; `status` when the receiver answered.
-    Failed { error: String, status: Option<u16> },
+    /// Anything else; `status` when the receiver answered. `retry_after`:
+    /// the wait a 429 or 503 asked for (`respect_retry_after`), capped.
+    Failed {
+        error: String,
+        status: Option<u16>,
+        retry_after: Option<Duration>,
+    },
     /// Not sent: the sidecar refused it before any request (a payload that
     /// is not JSON, no dispatcher registered). A failed attempt, but not
     /// the receiver's.
@@ -53,6 +58,8 @@ pub struct Dispatcher {
     headers: HeaderMap,
     /// The configured header values, masked wherever a response echoes them.
     secrets: Vec<String>,
+    /// `Some(cap)` when `respect_retry_after` is on.
+    retry_after_cap: Option<Duration>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -111,6 +118,9 @@ impl Dispatcher {
             client,
             headers,
             secrets,
+            retry_after_cap: settings
+                .respect_retry_after
+                .then_some(settings.max_retry_after),
         })
     }
 
@@ -158,23 +168,75 @@ impl Dispatcher {
                         excerpt: shorten(self.redact(one_line(&body))),
                     };
                 }
+                let asked = self.retry_after(status, resp.headers());
                 let body = read_body(&mut resp, BODY_EXCERPT_BYTES * 4).await;
                 let excerpt = shorten(self.redact(one_line(&body)));
+                let mut error = if excerpt.is_empty() {
+                    format!("HTTP {}", status.as_u16())
+                } else {
+                    format!("HTTP {}: {excerpt}", status.as_u16())
+                };
+                let retry_after = asked.map(|(sent, wait)| {
+                    let due = chrono::Utc::now()
+                        + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::zero());
+                    error = format!(
+                        "{error} (Retry-After: {sent}; next attempt not before {})",
+                        due.format("%Y-%m-%dT%H:%M:%SZ")
+                    );
+                    wait
+                });
                 Delivery::Failed {
-                    error: if excerpt.is_empty() {
-                        format!("HTTP {}", status.as_u16())
-                    } else {
-                        format!("HTTP {}: {excerpt}", status.as_u16())
-                    },
+                    error,
                     status: Some(status.as_u16()),
+                    retry_after,
                 }
             }
             Err(e) => Delivery::Failed {
                 error: describe_error(&e, self.timeout),
                 status: None,
+                retry_after: None,
             },
         }
     }
+}
+
+impl Dispatcher {
+    /// The `Retry-After` of a 429 or 503, when this dispatcher honours it:
+    /// the value as sent and the wait it asks for, capped at
+    /// `max_retry_after`. A value that is neither seconds nor an HTTP date
+    /// is ignored with a WARN.
+    fn retry_after(
+        &self,
+        status: reqwest::StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<(String, Duration)> {
+        let cap = self.retry_after_cap?;
+        if status.as_u16() != 429 && status.as_u16() != 503 {
+            return None;
+        }
+        let raw = headers.get(reqwest::header::RETRY_AFTER)?;
+        let sent = String::from_utf8_lossy(raw.as_bytes()).trim().to_owned();
+        match parse_retry_after(&sent, std::time::SystemTime::now()) {
+            Some(wait) => Some((sent, wait.min(cap))),
+            None => {
+                tracing::warn!(dispatcher = %self.name, retry_after = %sent, "Retry-After is neither seconds nor an HTTP date; ignored");
+                None
+            }
+        }
+    }
+}
+
+/// A `Retry-After` value (RFC 9110 §10.2.3): delay seconds, or an HTTP
+/// date (a date in the past asks for no wait).
+pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(
+            value.parse::<u64>().unwrap_or(u64::MAX),
+        ));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 impl Dispatcher {
@@ -338,6 +400,29 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_seconds_or_an_http_date() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        assert_eq!(parse_retry_after("3", now), Some(Duration::from_secs(3)));
+        assert_eq!(
+            parse_retry_after(" 120 ", now),
+            Some(Duration::from_secs(120))
+        );
+        // 2015-10-21 07:28:00 GMT is 1,445,412,480 s: 60 s later.
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:29:00 GMT", now),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now),
+            Some(Duration::ZERO),
+            "a date in the past asks for no wait"
+        );
+        for bad in ["", "soon", "-1", "1.5", "Wed, 21 Oct 2015"] {
+            assert_eq!(parse_retry_after(bad, now), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn an_excerpt_is_one_trimmed_line_cut_on_a_character_boundary() {

@@ -693,3 +693,139 @@ async fn dead_letter_sends_to_a_missing_topic_are_bounded_and_fetching_resumes()
         .await;
     app.stop().await;
 }
+
+/// Runs one event against a receiver that answers the first request with
+/// `first` and the rest with 200; `respect_retry_after` on with
+/// `max_retry_after`, `retry_delay` 1 s. The gap between the two POSTs,
+/// and the row as sent.
+async fn gap_after(
+    first: impl Fn() -> ResponseTemplate + Send + Sync + 'static,
+    max_retry_after: &str,
+) -> (Duration, String) {
+    let receiver = Receiver::start(move |r| {
+        if r.nth == 0 {
+            first()
+        } else {
+            ResponseTemplate::new(200)
+        }
+    })
+    .await;
+    let t = spawn_app_with(
+        Options {
+            retry_delay: "1s",
+            accounts_toml: format!(
+                "respect_retry_after = true\nmax_retry_after = \"{max_retry_after}\""
+            ),
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    let id = t
+        .insert("accounts.purchase_create", json!({"amount": 1}))
+        .await;
+    t.wait_status(id, Status::Sent, Duration::from_secs(60))
+        .await;
+    let seen = t.receiver.for_id(id);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let gap = (seen[1].at - seen[0].at).to_std().unwrap();
+    let history = t.store.history(id).await.unwrap();
+    let detail = history[0].detail.clone().unwrap_or_default();
+    (gap, detail)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_in_seconds_is_honoured_and_logged() {
+    let (gap, detail) = gap_after(
+        || ResponseTemplate::new(429).insert_header("Retry-After", "3"),
+        "5m",
+    )
+    .await;
+    assert!(gap >= Duration::from_secs(3), "second POST after {gap:?}");
+    assert!(
+        detail.contains("(Retry-After: 3; next attempt not before "),
+        "the attempt log records it: {detail}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_capped_at_max_retry_after() {
+    let (gap, detail) = gap_after(
+        || ResponseTemplate::new(503).insert_header("Retry-After", "3600"),
+        "2s",
+    )
+    .await;
+    assert!(gap >= Duration::from_secs(2), "second POST after {gap:?}");
+    assert!(
+        gap < Duration::from_secs(3600),
+        "capped, not an hour: {gap:?}"
+    );
+    assert!(detail.contains("(Retry-After: 3600;"), "{detail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_as_an_http_date_is_honoured() {
+    // Four seconds after the request, written when it is answered.
+    let (gap, detail) = gap_after(
+        || {
+            let at = std::time::SystemTime::now() + Duration::from_secs(4);
+            ResponseTemplate::new(429).insert_header("Retry-After", httpdate::fmt_http_date(at))
+        },
+        "5m",
+    )
+    .await;
+    // The date has whole seconds: at least 3 s of the 4 remain.
+    assert!(gap >= Duration::from_secs(3), "second POST after {gap:?}");
+    assert!(detail.contains(" GMT; next attempt"), "{detail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_retry_after_is_ignored() {
+    let (_, detail) = gap_after(
+        || ResponseTemplate::new(429).insert_header("Retry-After", "soon"),
+        "5m",
+    )
+    .await;
+    assert!(
+        !detail.contains("Retry-After"),
+        "nothing honoured: {detail}"
+    );
+}
+
+/// A long `Retry-After` wait lives in the job's memory only: after a
+/// restart the row is decided again as today, its next attempt due
+/// `retry_delay` after its `updated_at` (the attempt still counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_forgets_a_retry_after_wait() {
+    let receiver = Receiver::start(|r| {
+        if r.nth == 0 {
+            ResponseTemplate::new(429).insert_header("Retry-After", "3600")
+        } else {
+            ResponseTemplate::new(200)
+        }
+    })
+    .await;
+    let mut t = spawn_app_with(
+        Options {
+            retry_delay: "1s",
+            accounts_toml: "respect_retry_after = true\nmax_retry_after = \"1h\"".into(),
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    let id = t
+        .insert("accounts.purchase_create", json!({"amount": 1}))
+        .await;
+    eventually("the first attempt to be written", T, || async {
+        let row = t.store.get(id).await.ok()??;
+        (row.attempts == 1).then_some(())
+    })
+    .await;
+    t.stop().await;
+    t.start().await;
+    let row = t.wait_status(id, Status::Sent, T).await;
+    assert_eq!(row.attempts, 1, "the 429 counted");
+    assert_eq!(t.receiver.for_id(id).len(), 2);
+    t.stop().await;
+}

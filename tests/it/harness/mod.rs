@@ -105,6 +105,8 @@ pub struct Options {
     pub extra_toml: String,
     /// Extra keys of the generated `[dispatch]` table.
     pub dispatch_toml: String,
+    /// Extra keys of the generated `[dispatchers.accounts]` table.
+    pub accounts_toml: String,
 }
 
 impl Default for Options {
@@ -117,6 +119,7 @@ impl Default for Options {
             admin_token: Some("test-admin-token-0123456789"),
             extra_toml: String::new(),
             dispatch_toml: String::new(),
+            accounts_toml: String::new(),
         }
     }
 }
@@ -163,6 +166,7 @@ max_in_flight = {max_in_flight}
 url = "{url}"
 events = ["accounts.purchase_create", "accounts.installment_paid", "accounts.installment_overdue"]
 timeout = "2s"
+{accounts_extra}
 [dispatchers.accounts.headers]
 Authorization = "Bearer accounts-secret-token"
 [admin]
@@ -184,6 +188,7 @@ drain_timeout = "5s"
             url = self.receiver.url(),
             extra = o.extra_toml,
             dispatch_extra = o.dispatch_toml,
+            accounts_extra = o.accounts_toml,
         );
         Settings::from_toml(Some(&toml), BTreeMap::new()).expect("test settings")
     }
