@@ -301,13 +301,25 @@ fn serve(
     })
 }
 
-/// Reads the table's counts for the gauges: now, then every `interval`.
+/// Reads the table's counts for the gauges: now, then every `interval`;
+/// first says when the table lacks the index that keeps this cheap.
 async fn refresh_gauges(
     store: Store,
     metrics: Metrics,
     interval: std::time::Duration,
     shutdown: CancellationToken,
 ) {
+    // Without an index on status each refresh reads the whole table:
+    // every replica, every interval, for as long as the history grows.
+    match store.status_index_advice().await {
+        Ok(Some(create)) => warn!(
+            table = store.table(),
+            "the outbox table has no index whose first column is status: every gauge refresh \
+             (metrics.refresh_interval, on every replica) scans the whole table; create one: {create}"
+        ),
+        Ok(None) => {}
+        Err(e) => debug!(error = %e, "cannot read the outbox table's indexes"),
+    }
     let mut tick = tokio::time::interval(interval);
     loop {
         tokio::select! {

@@ -41,7 +41,8 @@ pub enum Command {
     Run,
     /// Create or upgrade the outbox table; safe to run any number of times.
     Migrate,
-    /// List, show, resend, retrigger events; prune the attempt log.
+    /// List, show, resend, retrigger events; prune the attempt log and old
+    /// sent events.
     #[command(subcommand)]
     Events(EventsCommand),
     /// List, pause or resume dispatchers (group-wide).
@@ -104,11 +105,26 @@ pub enum EventsCommand {
     Show { id: i64 },
     /// Delete attempt-log rows older than history.retention (or
     /// --older-than), in small batches; never an outbox_events row.
+    ///
+    /// With --sent-older-than: delete the application's `sent` rows sent
+    /// longer ago than that, with their attempt-log rows, in batches of
+    /// --batch committed one by one; pending and failed rows are never
+    /// touched. The attempt log is then pruned by age only when
+    /// --older-than is given as well.
     Prune {
-        /// e.g. 30d, 12h; default: history.retention.
+        /// Attempt-log rows older than this (e.g. 30d, 12h); default:
+        /// history.retention (without --sent-older-than).
         #[arg(long)]
         older_than: Option<String>,
-        /// Rows deleted per statement.
+        /// Delete outbox rows with status sent and sent_at older than this
+        /// (e.g. 30d), and their attempt-log rows.
+        #[arg(long)]
+        sent_older_than: Option<String>,
+        /// With --sent-older-than: count the rows it would delete, delete
+        /// nothing.
+        #[arg(long, requires = "sent_older_than")]
+        dry_run: bool,
+        /// Rows deleted per statement (per transaction for sent rows).
         #[arg(long, default_value_t = 1000)]
         batch: u64,
     },
@@ -313,27 +329,50 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
             }
         }
         EventsCommand::Show { id } => show(&store, id).await,
-        EventsCommand::Prune { older_than, batch } => {
+        EventsCommand::Prune {
+            older_than,
+            sent_older_than,
+            dry_run,
+            batch,
+        } => {
+            if batch == 0 {
+                eprintln!("error: --batch: must be at least 1");
+                return EXIT_USAGE;
+            }
+            let parse = |flag: &str, value: &str| match crate::config::duration::parse(value) {
+                Ok(d) if !d.is_zero() => Ok(d),
+                Ok(_) => Err(format!("error: {flag}: must be above zero")),
+                Err(e) => Err(format!("error: {flag}: {e}")),
+            };
+            let log_age = match older_than.as_deref().map(|v| parse("--older-than", v)) {
+                Some(Ok(d)) => Some(d),
+                Some(Err(e)) => {
+                    eprintln!("{e}");
+                    return EXIT_USAGE;
+                }
+                None if sent_older_than.is_none() => Some(settings.history.retention),
+                None => None,
+            };
+            if let Some(value) = sent_older_than.as_deref() {
+                let age = match parse("--sent-older-than", value) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        return EXIT_USAGE;
+                    }
+                };
+                let code = prune_sent(&store, age, batch, dry_run).await;
+                if code != EXIT_OK || log_age.is_none() {
+                    return code;
+                }
+            }
+            let Some(age) = log_age else {
+                return EXIT_OK;
+            };
             if store.history_table().is_none() {
                 eprintln!(
                     "error: the attempt log is off (history.enabled = false): nothing to prune"
                 );
-                return EXIT_USAGE;
-            }
-            let age = match older_than.as_deref().map(crate::config::duration::parse) {
-                None => settings.history.retention,
-                Some(Ok(d)) if !d.is_zero() => d,
-                Some(Ok(_)) => {
-                    eprintln!("error: --older-than: must be above zero");
-                    return EXIT_USAGE;
-                }
-                Some(Err(e)) => {
-                    eprintln!("error: --older-than: {e}");
-                    return EXIT_USAGE;
-                }
-            };
-            if batch == 0 {
-                eprintln!("error: --batch: must be at least 1");
                 return EXIT_USAGE;
             }
             match store.prune_history(age, batch).await {
@@ -369,6 +408,37 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
 }
 
 /// `events show`: the row, its payload, then the attempt log.
+/// `events prune --sent-older-than`: the old sent rows and their log rows,
+/// batch by batch, with a progress line every 10,000 rows.
+async fn prune_sent(store: &Store, age: std::time::Duration, batch: u64, dry_run: bool) -> i32 {
+    let cutoff = Store::sent_cutoff(age);
+    let verb = if dry_run { "counted" } else { "deleted" };
+    let mut shown = 0u64;
+    let result = store
+        .prune_sent(cutoff, batch, dry_run, &mut |n| {
+            if n / 10_000 > shown / 10_000 {
+                eprintln!("pruning: {n} sent event(s) {verb} so far");
+            }
+            shown = n;
+        })
+        .await;
+    let age = humantime::format_duration(age);
+    match result {
+        Ok(p) if dry_run => {
+            println!("dry run: {} sent event(s) sent more than {age} ago would be deleted (before {cutoff} UTC)", p.events);
+            EXIT_OK
+        }
+        Ok(p) => {
+            println!(
+                "pruned {} sent event(s) sent more than {age} ago, and {} of their attempt-log row(s)",
+                p.events, p.log_rows
+            );
+            EXIT_OK
+        }
+        Err(e) => fail(&e),
+    }
+}
+
 async fn show(store: &Store, id: i64) -> i32 {
     let row = match store.get(id).await {
         Ok(Some(row)) => row,

@@ -43,6 +43,9 @@ pub struct Metrics {
     pub events_failed: IntGauge,
     pub events_pending: IntGauge,
     pub oldest_pending_age: Gauge,
+    /// `outbox_events_estimated_rows`: the table's size as the database
+    /// estimates it (no exact count of the sent history: a scan).
+    pub events_estimated_rows: IntGauge,
     pub dispatch_total: IntCounterVec,
     pub transitions_total: IntCounterVec,
     pub dispatch_duration: HistogramVec,
@@ -107,6 +110,11 @@ impl Metrics {
         let oldest_pending_age = must(Gauge::new(
             "outbox_oldest_pending_age_seconds",
             "Age of the oldest pending row (by created_at), 0 when none",
+        ));
+        let events_estimated_rows = must(IntGauge::new(
+            "outbox_events_estimated_rows",
+            "Rows in the outbox table, all statuses, as the database's statistics estimate \
+             them (PostgreSQL reltuples, MySQL table_rows); not an exact count",
         ));
         let dispatch_total = must(IntCounterVec::new(
             Opts::new("outbox_dispatch_total", "Dispatch attempts by outcome"),
@@ -288,6 +296,7 @@ impl Metrics {
         reg(Box::new(events_failed.clone()));
         reg(Box::new(events_pending.clone()));
         reg(Box::new(oldest_pending_age.clone()));
+        reg(Box::new(events_estimated_rows.clone()));
         reg(Box::new(dispatch_total.clone()));
         reg(Box::new(transitions_total.clone()));
         reg(Box::new(dispatch_duration.clone()));
@@ -312,6 +321,7 @@ impl Metrics {
             events_failed,
             events_pending,
             oldest_pending_age,
+            events_estimated_rows,
             dispatch_total,
             transitions_total,
             dispatch_duration,
@@ -395,6 +405,9 @@ impl Metrics {
             .map(|t| (now - t).num_milliseconds().max(0) as f64 / 1000.0)
             .unwrap_or(0.0);
         self.oldest_pending_age.set(age);
+        if let Some(rows) = stats.estimated_rows {
+            self.events_estimated_rows.set(rows);
+        }
     }
 
     /// `outbox_consumer_lag` as (partition, lag), by partition number.

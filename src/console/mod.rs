@@ -424,8 +424,18 @@ async fn overview(
     }
     let admin = &state.admin;
     let stats = admin.store.stats().await.map_err(|e| e.to_string());
+    // Counted up to a cap: an exact count of the sent history is a scan.
+    let sent_up_to = match &stats {
+        Ok(_) => admin
+            .store
+            .count_sent_up_to(pages::SENT_COUNT_CAP)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.clone()),
+    };
     let now = crate::store::now();
     let view = pages::OverviewView {
+        sent_up_to,
         oldest_pending_age: stats
             .as_ref()
             .ok()

@@ -62,8 +62,14 @@ pub struct DispatcherView {
     pub state: Option<String>,
 }
 
+/// The overview counts sent rows up to this many, and above it says so
+/// with the database's estimate of the table's rows.
+pub const SENT_COUNT_CAP: u64 = 10_000;
+
 pub struct OverviewView {
     pub stats: Result<TableStats, String>,
+    /// The sent rows up to [`SENT_COUNT_CAP`]; `Ok(None)` above it.
+    pub sent_up_to: Result<Option<u64>, String>,
     pub oldest_pending_age: Option<Duration>,
     pub joined: bool,
     pub draining: bool,
@@ -177,6 +183,19 @@ pub fn sign_in(message: Option<&str>) -> Markup {
     )
 }
 
+/// `12345678` as `12,345,678`.
+fn fmt_thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 pub fn overview(session: &Session, v: &OverviewView) -> Markup {
     layout(
         "Overview",
@@ -191,7 +210,20 @@ pub fn overview(session: &Session, v: &OverviewView) -> Markup {
                         tr {
                             td #count-pending { a href="/admin/console/events?status=pending" { (stats.pending) } }
                             td #count-failed { a href="/admin/console/events?status=failed" { (stats.failed) } }
-                            td #count-sent { a href="/admin/console/events?status=sent" { (stats.sent) } }
+                            td #count-sent {
+                                a href="/admin/console/events?status=sent" {
+                                    @match &v.sent_up_to {
+                                        Ok(Some(n)) => (n),
+                                        Ok(None) => {
+                                            "over " (fmt_thousands(SENT_COUNT_CAP))
+                                            @if let Some(rows) = stats.estimated_rows {
+                                                " (≈ " (fmt_thousands(rows.max(0) as u64)) " rows in the table)"
+                                            }
+                                        }
+                                        Err(_) => "—",
+                                    }
+                                }
+                            }
                             td #oldest-pending {
                                 @match v.oldest_pending_age { Some(age) => (fmt_age(age)), None => "—" }
                             }

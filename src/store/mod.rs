@@ -33,6 +33,18 @@ pub const RESEND_CHUNK: u64 = 1000;
 /// Rows one touch (retrigger, resume) changes per statement.
 pub const TOUCH_BATCH: u64 = 1000;
 
+/// Sent rows `events prune --sent-older-than` deletes per transaction.
+pub const PRUNE_BATCH: u64 = 1000;
+
+/// What one batch of [`Store::prune_sent_batch`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Rows of the outbox table.
+    pub events: u64,
+    /// Their rows in the attempt log.
+    pub log_rows: u64,
+}
+
 /// `last_error` is for people: keep it to this many bytes.
 pub const MAX_LAST_ERROR_BYTES: usize = 1024;
 
@@ -227,13 +239,21 @@ pub struct ListFilter {
     pub changed_until: Option<NaiveDateTime>,
 }
 
-/// What the gauges show: row counts by status and the oldest pending row.
+/// What the gauges show: the pending and failed rows, the oldest pending
+/// row, and the table's size as the database estimates it. No exact count
+/// of sent rows: that is a scan of the whole history (see
+/// [`Store::count_sent_up_to`], and `outbox_transitions_total{to="sent"}`
+/// for the rate).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TableStats {
     pub pending: i64,
-    pub sent: i64,
     pub failed: i64,
     pub oldest_pending_created_at: Option<NaiveDateTime>,
+    /// Rows in the table by the planner's statistics (PostgreSQL
+    /// `pg_class.reltuples`, MySQL `information_schema.tables.table_rows`):
+    /// an estimate, refreshed by (auto)vacuum/analyze; `None` where the
+    /// database has none yet (a table never analyzed, SQLite).
+    pub estimated_rows: Option<i64>,
 }
 
 #[derive(Clone, Debug)]
@@ -1196,6 +1216,188 @@ impl Store {
         }
     }
 
+    /// The cut-off of `--sent-older-than`: rows sent before it go.
+    pub fn sent_cutoff(older_than: Duration) -> NaiveDateTime {
+        let age = chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        now().checked_sub_signed(age).unwrap_or(NaiveDateTime::MIN)
+    }
+
+    /// Up to `limit` ids of rows `sent` before `cutoff`, above `after`, in
+    /// id order: the selection of one prune batch. Walking the primary key
+    /// from where the last batch ended keeps every batch a short range read.
+    pub async fn select_sent_before(
+        &self,
+        cutoff: NaiveDateTime,
+        after: Option<i64>,
+        limit: u64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut select = Query::select()
+            .column(Column::Id)
+            .from(self.tbl())
+            .and_where(Expr::col(Column::Status).eq(Status::Sent.as_str()))
+            .and_where(Expr::col(Column::SentAt).lt(cutoff))
+            .order_by(Column::Id, Order::Asc)
+            .limit(limit)
+            .to_owned();
+        if let Some(after) = after {
+            select.and_where(Expr::col(Column::Id).gt(after));
+        }
+        let err = || db_err("finding old sent events");
+        self.db
+            .query_all(&select)
+            .await
+            .map_err(err())?
+            .iter()
+            .map(|r| r.try_get_by_index::<i64>(0))
+            .collect::<Result<_, _>>()
+            .map_err(err())
+    }
+
+    /// Deletes, of `ids`, the rows that are still `sent` before `cutoff`
+    /// (a row sent again since it was selected, or put back to pending,
+    /// stays), with their attempt-log rows, in one transaction.
+    pub async fn prune_sent_batch(
+        &self,
+        ids: &[i64],
+        cutoff: NaiveDateTime,
+    ) -> Result<Pruned, StoreError> {
+        if ids.is_empty() {
+            return Ok(Pruned::default());
+        }
+        let action = "deleting old sent events";
+        if self.backend() == DbBackend::Postgres {
+            let t = self.quoted_table();
+            // One statement: the log rows go for exactly the rows deleted.
+            let log = match &self.history {
+                Some(h) => format!(
+                    ", h AS (DELETE FROM {} WHERE event_id IN (SELECT id FROM d) RETURNING 1) \
+                     SELECT (SELECT count(*) FROM d) AS n, (SELECT count(*) FROM h) AS logs",
+                    history::quoted(&h.table)
+                ),
+                None => " SELECT count(*) AS n, CAST(0 AS bigint) AS logs FROM d".to_owned(),
+            };
+            let sql = format!(
+                "WITH d AS (DELETE FROM {t} WHERE id = ANY($1) AND status = 'sent' \
+                 AND sent_at < $2 RETURNING id){log}"
+            );
+            let stmt = sea_orm::Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                sql,
+                [ids.to_vec().into(), cutoff.into()],
+            );
+            let row = self.db.query_one_raw(stmt).await.map_err(db_err(action))?;
+            let get = |col: &str| -> Result<u64, StoreError> {
+                let n: i64 = match &row {
+                    Some(r) => r.try_get("", col).map_err(db_err(action))?,
+                    None => 0,
+                };
+                Ok(u64::try_from(n).unwrap_or(0))
+            };
+            return Ok(Pruned {
+                events: get("n")?,
+                log_rows: get("logs")?,
+            });
+        }
+        let still_old = |stmt: &mut SelectStatement| {
+            stmt.and_where(Expr::col(Column::Id).is_in(ids.iter().copied()))
+                .and_where(Expr::col(Column::Status).eq(Status::Sent.as_str()))
+                .and_where(Expr::col(Column::SentAt).lt(cutoff));
+        };
+        let txn = self.db.begin().await.map_err(db_err(action))?;
+        let mut pick = Query::select()
+            .column(Column::Id)
+            .from(self.tbl())
+            .to_owned();
+        still_old(&mut pick);
+        if self.backend() != DbBackend::Sqlite {
+            pick.lock(sea_orm::sea_query::LockType::Update);
+        }
+        let gone: Vec<i64> = txn
+            .query_all(&pick)
+            .await
+            .map_err(db_err(action))?
+            .iter()
+            .map(|r| r.try_get_by_index::<i64>(0))
+            .collect::<Result<_, _>>()
+            .map_err(db_err(action))?;
+        if gone.is_empty() {
+            txn.rollback().await.map_err(db_err(action))?;
+            return Ok(Pruned::default());
+        }
+        let mut pruned = Pruned::default();
+        if let Some(h) = &self.history {
+            let delete = Query::delete()
+                .from_table(Alias::new(&h.table))
+                .and_where(Expr::col(Alias::new("event_id")).is_in(gone.iter().copied()))
+                .to_owned();
+            pruned.log_rows = txn
+                .execute(&delete)
+                .await
+                .map_err(db_err(action))?
+                .rows_affected();
+        }
+        let delete = Query::delete()
+            .from_table(self.tbl())
+            .and_where(Expr::col(Column::Id).is_in(gone.iter().copied()))
+            .and_where(Expr::col(Column::Status).eq(Status::Sent.as_str()))
+            .and_where(Expr::col(Column::SentAt).lt(cutoff))
+            .to_owned();
+        pruned.events = txn
+            .execute(&delete)
+            .await
+            .map_err(db_err(action))?
+            .rows_affected();
+        txn.commit().await.map_err(db_err(action))?;
+        Ok(pruned)
+    }
+
+    /// `events prune --sent-older-than`: deletes the rows `sent` before
+    /// `cutoff` and their attempt-log rows, `batch` rows per transaction,
+    /// each committed before the next is selected; never a pending or
+    /// failed row. With `dry_run`, counts them and deletes nothing.
+    /// `progress` gets the running total after each batch. On an error the
+    /// rows deleted so far are in [`StoreError::Interrupted`]; running it
+    /// again carries on.
+    pub async fn prune_sent(
+        &self,
+        cutoff: NaiveDateTime,
+        batch: u64,
+        dry_run: bool,
+        progress: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<Pruned, StoreError> {
+        let batch = std::cmp::max(batch, 1);
+        let mut total = Pruned::default();
+        let mut after = None;
+        let interrupted = |done: u64, source: StoreError| StoreError::Interrupted {
+            done,
+            source: Box::new(source),
+        };
+        loop {
+            let ids = self
+                .select_sent_before(cutoff, after, batch)
+                .await
+                .map_err(|e| interrupted(total.events, e))?;
+            let Some(&last) = ids.last() else {
+                return Ok(total);
+            };
+            if dry_run {
+                total.events += ids.len() as u64;
+            } else {
+                let pruned = self
+                    .prune_sent_batch(&ids, cutoff)
+                    .await
+                    .map_err(|e| interrupted(total.events, e))?;
+                total.events += pruned.events;
+                total.log_rows += pruned.log_rows;
+            }
+            progress(total.events);
+            if (ids.len() as u64) < batch {
+                return Ok(total);
+            }
+            after = Some(last);
+        }
+    }
+
     /// The `updated_at` a touch writes: `now`, except where the column
     /// could keep its value. A MySQL/MariaDB `datetime(0)` or `timestamp`
     /// column holds whole seconds, and MySQL writes no binlog event for an
@@ -1212,50 +1414,113 @@ impl Store {
         }
     }
 
-    /// One grouped count and one `MIN` for the gauges; dispatches nothing.
+    /// The gauges' figures in one round trip of index-sized reads: the
+    /// pending and failed rows counted, the oldest pending row's
+    /// `created_at`, and the catalogue's estimate of the table's rows. Each
+    /// reads only rows of its status through an index on `status` (see
+    /// [`Store::status_index_advice`]), never the sent rows the
+    /// application keeps: the cost is set by the backlog, not the history.
     pub async fn stats(&self) -> Result<TableStats, StoreError> {
-        let stmt = Query::select()
-            .column(Column::Status)
-            .expr_as(Func::count(Expr::col(Column::Id)), Alias::new("n"))
-            .expr_as(
-                match self.backend() {
-                    // A timestamptz or MySQL timestamp column: its UTC time
-                    // (see `select_rows`).
-                    DbBackend::Postgres => {
-                        Func::min(Expr::col(Column::CreatedAt).cast_as(Alias::new("timestamp")))
-                    }
-                    DbBackend::MySql => {
-                        Func::min(Expr::col(Column::CreatedAt).cast_as(Alias::new("DATETIME(6)")))
-                    }
-                    _ => Func::min(Expr::col(Column::CreatedAt)),
-                },
-                Alias::new("oldest"),
-            )
-            .from(self.tbl())
-            .group_by_col(Column::Status)
-            .to_owned();
-        let rows = self
+        let backend = self.backend();
+        let t = self.quoted_table();
+        let (oldest_col, estimate) = match backend {
+            // A timestamptz or MySQL timestamp column: its UTC time (see
+            // `select_rows`), cast after the MIN so an index on
+            // (status, created_at) can answer it.
+            DbBackend::Postgres => (
+                "CAST(min(created_at) AS timestamp)",
+                "(SELECT CASE WHEN c.reltuples < 0 THEN NULL ELSE CAST(c.reltuples AS bigint) END \
+                 FROM pg_class c WHERE c.oid = to_regclass($1))",
+            ),
+            DbBackend::MySql => (
+                "CAST(min(created_at) AS DATETIME(6))",
+                "(SELECT CAST(table_rows AS SIGNED) FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name = ?)",
+            ),
+            _ => ("min(created_at)", "CAST(NULL AS INTEGER)"),
+        };
+        let sql = format!(
+            "SELECT (SELECT count(*) FROM {t} WHERE status = 'pending') AS pending, \
+             (SELECT count(*) FROM {t} WHERE status = 'failed') AS failed, \
+             (SELECT {oldest_col} FROM {t} WHERE status = 'pending') AS oldest, \
+             {estimate} AS estimated_rows"
+        );
+        let values: Vec<sea_orm::Value> = match backend {
+            DbBackend::Postgres => vec![t.clone().into()],
+            DbBackend::MySql => vec![self.table.clone().into()],
+            _ => Vec::new(),
+        };
+        let err = || db_err("counting pending and failed events");
+        let row = self
             .db
-            .query_all(&stmt)
+            .query_one_raw(sea_orm::Statement::from_sql_and_values(
+                backend, sql, values,
+            ))
             .await
-            .map_err(db_err("counting events"))?;
-        let mut stats = TableStats::default();
-        for row in rows {
-            let status: String = row
-                .try_get("", "status")
-                .map_err(db_err("counting events"))?;
-            let n: i64 = row.try_get("", "n").map_err(db_err("counting events"))?;
-            match status.parse::<Status>() {
-                Ok(Status::Pending) => {
-                    stats.pending = n;
-                    stats.oldest_pending_created_at = oldest(&row);
-                }
-                Ok(Status::Sent) => stats.sent = n,
-                Ok(Status::Failed) => stats.failed = n,
-                Err(_) => {}
-            }
+            .map_err(err())?
+            .ok_or_else(|| StoreError::Database {
+                action: "counting pending and failed events",
+                source: DbErr::RecordNotFound("no row".into()),
+            })?;
+        Ok(TableStats {
+            pending: row.try_get("", "pending").map_err(err())?,
+            failed: row.try_get("", "failed").map_err(err())?,
+            oldest_pending_created_at: oldest(&row),
+            estimated_rows: row
+                .try_get::<Option<i64>>("", "estimated_rows")
+                .map_err(err())?,
+        })
+    }
+
+    /// How many rows are `sent`, counted up to `cap` and no further (the
+    /// console's figure): `Some(n)` when there are `n <= cap`, `None` when
+    /// there are more. Reads at most `cap + 1` index entries or rows.
+    pub async fn count_sent_up_to(&self, cap: u64) -> Result<Option<u64>, StoreError> {
+        let t = self.quoted_table();
+        let limit = cap.saturating_add(1);
+        let sql = format!(
+            "SELECT count(*) AS n FROM (SELECT 1 AS one FROM {t} WHERE status = 'sent' \
+             LIMIT {limit}) AS s"
+        );
+        let err = || db_err("counting sent events");
+        let n: i64 = self
+            .db
+            .query_one_raw(sea_orm::Statement::from_string(self.backend(), sql))
+            .await
+            .map_err(err())?
+            .map(|r| r.try_get("", "n"))
+            .transpose()
+            .map_err(err())?
+            .unwrap_or(0);
+        let n = u64::try_from(n).unwrap_or(0);
+        Ok((n <= cap).then_some(n))
+    }
+
+    /// The rows of `status`, counted exactly: a scan of every row of that
+    /// status, for tests and one-off checks, never for a gauge.
+    pub async fn count_status(&self, status: Status) -> Result<i64, StoreError> {
+        let t = self.quoted_table();
+        let sql = format!(
+            "SELECT count(*) AS n FROM {t} WHERE status = '{}'",
+            status.as_str()
+        );
+        let err = || db_err("counting events");
+        self.db
+            .query_one_raw(sea_orm::Statement::from_string(self.backend(), sql))
+            .await
+            .map_err(err())?
+            .map(|r| r.try_get("", "n"))
+            .transpose()
+            .map_err(err())
+            .map(Option::unwrap_or_default)
+    }
+
+    /// The table's name quoted for this backend's SQL.
+    pub(crate) fn quoted_table(&self) -> String {
+        match self.backend() {
+            DbBackend::MySql => format!("`{}`", self.table.replace('`', "``")),
+            _ => history::quoted(&self.table),
         }
-        Ok(stats)
     }
 
     async fn conflict(&self, id: i64) -> Result<Outcome, StoreError> {

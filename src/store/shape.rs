@@ -241,6 +241,64 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Whether some index of the table has `status` as its first column
+    /// (what the gauges' counts and the pending/failed reads need to touch
+    /// only the rows of one status). `None` where the catalogue is not read
+    /// (SQLite: small tables).
+    pub async fn has_status_index(&self) -> Result<Option<bool>, StoreError> {
+        let backend = self.backend();
+        let (sql, table) = match backend {
+            DbBackend::Postgres => (
+                "SELECT count(*) AS n FROM pg_index i \
+                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+                 WHERE i.indrelid = to_regclass($1) AND a.attname = 'status'",
+                super::history::quoted(self.table()),
+            ),
+            DbBackend::MySql => (
+                "SELECT count(*) AS n FROM information_schema.statistics \
+                 WHERE table_schema = DATABASE() AND table_name = ? \
+                 AND seq_in_index = 1 AND column_name = 'status'",
+                self.table().to_owned(),
+            ),
+            _ => return Ok(None),
+        };
+        let err = || db_err("reading the table's indexes");
+        let n: i64 = self
+            .connection()
+            .query_one_raw(Statement::from_sql_and_values(backend, sql, [table.into()]))
+            .await
+            .map_err(err())?
+            .map(|r| r.try_get("", "n"))
+            .transpose()
+            .map_err(err())?
+            .unwrap_or(0);
+        Ok(Some(n > 0))
+    }
+
+    /// The statement that creates the index the gauges need, when the table
+    /// has none with `status` first; `None` when it has one (or on SQLite).
+    /// On PostgreSQL `CONCURRENTLY`, so a large table keeps taking writes.
+    pub async fn status_index_advice(&self) -> Result<Option<String>, StoreError> {
+        if self.has_status_index().await? != Some(false) {
+            return Ok(None);
+        }
+        let name = format!("index_{}_on_status", self.table());
+        Ok(Some(match self.backend() {
+            DbBackend::Postgres => format!(
+                "CREATE INDEX CONCURRENTLY {} ON {} (status)",
+                super::history::quoted(&name),
+                self.quoted_table()
+            ),
+            _ => format!(
+                "CREATE INDEX `{}` ON {} (status)",
+                name.replace('`', "``"),
+                self.quoted_table()
+            ),
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

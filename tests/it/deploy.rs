@@ -418,6 +418,45 @@ fn the_shipped_group_rebalances_cooperatively_with_static_members() {
     );
 }
 
+/// The CronJob's commented alternative prunes old sent events (with the
+/// attempt log by age): off as shipped, a command the CLI takes.
+#[test]
+fn the_prune_of_old_sent_events_is_shipped_commented() {
+    let text = read("deploy/kubernetes/prune-cronjob.yaml");
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("# args:") && l.contains("--sent-older-than"))
+        .expect("a commented args line with --sent-older-than");
+    let args: Value = serde_yaml::from_str(line.trim_start_matches("# args:")).unwrap();
+    let argv: Vec<String> = std::iter::once(SIDECAR.to_owned())
+        .chain(
+            seq(&args)
+                .iter()
+                .map(|a| str_of(a, "an argument").to_owned()),
+        )
+        .collect();
+    let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    match &cli.command {
+        Command::Events(outbox_sidecar::cli::EventsCommand::Prune {
+            sent_older_than: Some(age),
+            older_than: Some(_),
+            dry_run: false,
+            ..
+        }) => assert_eq!(age, "30d"),
+        other => panic!("{argv:?} runs {other:?}"),
+    }
+    // As shipped, the active args prune the attempt log only.
+    let prune = prune_pod();
+    assert!(!argv_of_prune(&prune)
+        .iter()
+        .any(|a| a == "--sent-older-than"));
+}
+
+fn argv_of_prune(pod: &Value) -> Vec<String> {
+    argv(job_container(pod))
+}
+
 #[test]
 fn pods_run_the_cli_commands_with_the_configmap_as_their_file() {
     let pod = deployment_pod();

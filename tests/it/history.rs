@@ -251,6 +251,148 @@ async fn with_the_log_off_nothing_is_written(backend: Backend) {
     assert!(store.history(row.id).await.unwrap().is_empty());
 }
 
+/// A row `sent` `days` ago, with one attempt-log row.
+async fn sent_days_ago(store: &Store, days: i64) -> i64 {
+    let row = pending(store).await;
+    assert!(matches!(
+        store.mark_sent(&row).await.unwrap(),
+        Outcome::Applied(_)
+    ));
+    set_sent_at(store, row.id, days).await;
+    add_log_row(store, row.id).await;
+    row.id
+}
+
+async fn set_sent_at(store: &Store, id: i64, days_ago: i64) {
+    use entity::outbox_event::Column;
+    use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+    let at = outbox_sidecar::store::now() - chrono::Duration::days(days_ago);
+    let stmt = Query::update()
+        .table(Alias::new("outbox_events"))
+        .value(Column::SentAt, at)
+        .and_where(Expr::col(Column::Id).eq(id))
+        .to_owned();
+    store.connection().execute(&stmt).await.unwrap();
+}
+
+async fn add_log_row(store: &Store, id: i64) {
+    store
+        .connection()
+        .execute_unprepared(&format!(
+            "INSERT INTO outbox_event_attempts (event_id, kind, attempt, started_at, outcome) \
+             VALUES ({id}, 'attempt', 1, '2026-01-01 00:00:00', 'success')"
+        ))
+        .await
+        .unwrap();
+}
+
+/// The outbox rows left, by id.
+async fn event_ids(store: &Store) -> Vec<i64> {
+    let rows = store
+        .list(&outbox_sidecar::store::ListFilter::default())
+        .await
+        .unwrap();
+    let mut ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    ids.sort_unstable();
+    ids
+}
+
+const THIRTY_DAYS: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// `events prune --sent-older-than 30d`: the rows sent more than 30 days
+/// ago go with their log rows, in batches; a young sent row, a pending and
+/// a failed one (however old) stay, with theirs. The dry run counts the
+/// same rows and changes nothing.
+async fn prune_sent_takes_old_sent_rows_and_their_log_only(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let old = [
+        sent_days_ago(&store, 400).await,
+        sent_days_ago(&store, 40).await,
+        sent_days_ago(&store, 31).await,
+    ];
+    let young = sent_days_ago(&store, 29).await;
+    let waiting = pending(&store).await.id;
+    add_log_row(&store, waiting).await;
+    let failed = pending(&store).await;
+    assert!(matches!(
+        store.register_failure(&failed, "HTTP 500", 1).await.unwrap(),
+        Outcome::Applied(r) if r.status == Status::Failed
+    ));
+    add_log_row(&store, failed.id).await;
+    // Pending and failed rows whose sent_at is old (a resent row keeps it).
+    for id in [waiting, failed.id] {
+        set_sent_at(&store, id, 400).await;
+    }
+    let all = event_ids(&store).await;
+    assert_eq!((all.len(), log_rows(&store).await), (6, 6));
+
+    let cutoff = Store::sent_cutoff(THIRTY_DAYS);
+    let mut seen = Vec::new();
+    let counted = store
+        .prune_sent(cutoff, 2, true, &mut |n| seen.push(n))
+        .await
+        .unwrap();
+    assert_eq!((counted.events, counted.log_rows), (3, 0));
+    assert_eq!(seen, [2, 3]);
+    assert_eq!(event_ids(&store).await, all, "the dry run deletes nothing");
+    assert_eq!(log_rows(&store).await, 6);
+
+    let mut seen = Vec::new();
+    let pruned = store
+        .prune_sent(cutoff, 2, false, &mut |n| seen.push(n))
+        .await
+        .unwrap();
+    assert_eq!((pruned.events, pruned.log_rows), (3, 3));
+    assert_eq!(seen, [2, 3], "one progress call per committed batch");
+    let mut left = vec![young, waiting, failed.id];
+    left.sort_unstable();
+    assert_eq!(event_ids(&store).await, left);
+    assert_eq!(log_rows(&store).await, 3);
+    for id in old {
+        assert!(store.history(id).await.unwrap().is_empty());
+    }
+    for id in left {
+        assert_eq!(store.history(id).await.unwrap().len(), 1, "event {id}");
+    }
+    // Nothing old is left: a second run deletes nothing.
+    let again = store.prune_sent(cutoff, 2, false, &mut |_| {}).await;
+    assert_eq!(again.unwrap().events, 0);
+}
+
+/// A row selected for a batch and changed before the batch's delete (put
+/// back to pending by the application, or sent again since) stays, with
+/// its log rows: the delete re-checks status and sent_at.
+async fn a_row_changed_between_select_and_delete_stays(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let ids = [
+        sent_days_ago(&store, 40).await,
+        sent_days_ago(&store, 40).await,
+        sent_days_ago(&store, 40).await,
+    ];
+    let cutoff = Store::sent_cutoff(THIRTY_DAYS);
+    let selected = store.select_sent_before(cutoff, None, 100).await.unwrap();
+    assert_eq!(selected, ids);
+    store
+        .connection()
+        .execute_unprepared(&format!(
+            "UPDATE outbox_events SET status = 'pending' WHERE id = {}",
+            ids[1]
+        ))
+        .await
+        .unwrap();
+    set_sent_at(&store, ids[2], 0).await;
+    let pruned = store.prune_sent_batch(&selected, cutoff).await.unwrap();
+    assert_eq!((pruned.events, pruned.log_rows), (1, 1));
+    assert_eq!(event_ids(&store).await, ids[1..]);
+    assert_eq!(log_rows(&store).await, 2);
+    assert_eq!(
+        store.get(ids[1]).await.unwrap().unwrap().status,
+        Status::Pending
+    );
+}
+
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
         mod postgres { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Postgres).await } )* }
@@ -264,6 +406,8 @@ on_every_backend!(
     resends_are_recorded_with_who_asked,
     prune_deletes_old_log_rows_only,
     with_the_log_off_nothing_is_written,
+    prune_sent_takes_old_sent_rows_and_their_log_only,
+    a_row_changed_between_select_and_delete_stays,
 );
 
 const TOKEN: &str = "test-admin-token-0123456789";

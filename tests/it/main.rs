@@ -12,6 +12,7 @@ mod deploy;
 mod faults;
 mod harness;
 mod history;
+mod history_cost;
 mod operations;
 mod pg_tls;
 mod pipeline;

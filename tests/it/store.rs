@@ -343,7 +343,8 @@ async fn list_and_bulk_resend(backend: Backend) {
         .unwrap();
     assert!(!ids(until).contains(&c.id));
     let stats = store.stats().await.unwrap();
-    assert_eq!((stats.pending, stats.sent, stats.failed), (1, 0, 3));
+    assert_eq!((stats.pending, stats.failed), (1, 3));
+    assert_eq!(store.count_status(Status::Sent).await.unwrap(), 0);
     assert!(stats.oldest_pending_created_at.is_some());
     assert_eq!(
         store
@@ -669,7 +670,8 @@ mod batched {
             );
         }
         let stats = store.stats().await.unwrap();
-        assert_eq!((stats.sent, stats.pending), (40, 0));
+        let sent = store.count_status(Status::Sent).await.unwrap();
+        assert_eq!((sent, stats.pending), (40, 0));
         // The same rows again: every one is now a conflict.
         let again = writer.mark_sent(&rows[0], None).await.unwrap();
         assert!(matches!(again, Sent::Conflict(r) if r.status == Status::Sent));
@@ -781,7 +783,8 @@ mod batched {
             }
         }
         let stats = store.stats().await.unwrap();
-        assert_eq!((stats.sent, stats.pending), (15, 15));
+        let sent = store.count_status(Status::Sent).await.unwrap();
+        assert_eq!((sent, stats.pending), (15, 15));
         // A failure computed from a row that has moved on is a conflict.
         let again = writer
             .register_failure(&rows[0], "late", None)

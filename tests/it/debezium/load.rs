@@ -88,7 +88,10 @@ async fn drained(d: &Dbz, quiet: Duration) -> i64 {
 }
 
 async fn sent(d: &Dbz) -> i64 {
-    d.t.store.stats().await.map(|s| s.sent).unwrap_or(0)
+    d.t.store
+        .count_status(entity::Status::Sent)
+        .await
+        .unwrap_or(0)
 }
 
 /// What the race path counted in an in-process sidecar.
