@@ -624,6 +624,20 @@ async fn dispatchers_and_prune_from_the_command_line() {
     let (code, _, err) = run(&["events", "prune", "--older-than", "soon"]);
     assert_eq!(code, Some(2));
     assert!(err.starts_with("error: --older-than: "), "{err}");
+    let (code, out, _) = run(&["events", "prune", "--sent-older-than", "30d", "--dry-run"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.starts_with("dry run: 0 sent event(s) sent more than 30days ago would be deleted"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["events", "prune", "--sent-older-than", "30d"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        out,
+        "pruned 0 sent event(s) sent more than 30days ago, and 0 of their attempt-log row(s)\n"
+    );
+    let (code, _, err) = run(&["events", "prune", "--dry-run"]);
+    assert_eq!(code, Some(2), "--dry-run needs --sent-older-than: {err}");
 }
 
 /// The status is the truth, the log its shadow: the log table renamed

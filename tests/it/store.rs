@@ -579,6 +579,45 @@ async fn migration_is_idempotent_and_keeps_rows(backend: Backend) {
     assert_eq!(store.get(row.id).await.unwrap().unwrap(), row);
 }
 
+/// Without an index whose first column is status the gauges read the
+/// whole table: the store names the index to create.
+async fn a_missing_status_index_is_named(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    if backend == Backend::Sqlite {
+        assert_eq!(store.status_index_advice().await.unwrap(), None);
+        return;
+    }
+    assert_eq!(store.has_status_index().await.unwrap(), Some(true));
+    assert_eq!(store.status_index_advice().await.unwrap(), None);
+    let drop = match backend {
+        Backend::Postgres => "DROP INDEX index_outbox_events_on_status",
+        _ => "DROP INDEX index_outbox_events_on_status ON outbox_events",
+    };
+    store.connection().execute_unprepared(drop).await.unwrap();
+    let advice = store.status_index_advice().await.unwrap().expect("advice");
+    let want = match backend {
+        Backend::Postgres => "CREATE INDEX CONCURRENTLY \"index_outbox_events_on_status\" ON \"outbox_events\" (status)",
+        _ => "CREATE INDEX `index_outbox_events_on_status` ON `outbox_events` (status)",
+    };
+    assert_eq!(advice, want);
+    // The advice runs as given; then nothing is missing.
+    store
+        .connection()
+        .execute_unprepared(&advice)
+        .await
+        .unwrap();
+    assert_eq!(store.status_index_advice().await.unwrap(), None);
+    // An index that only ends with status does not count.
+    store.connection().execute_unprepared(drop).await.unwrap();
+    store
+        .connection()
+        .execute_unprepared("CREATE INDEX by_name_status ON outbox_events (event_name, status)")
+        .await
+        .unwrap();
+    assert_eq!(store.has_status_index().await.unwrap(), Some(false));
+}
+
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
         mod postgres { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Postgres).await } )* }
@@ -601,6 +640,7 @@ on_every_backend!(
     retrigger_touches_in_batches,
     filtered_resend_of_failed,
     migration_is_idempotent_and_keeps_rows,
+    a_missing_status_index_is_named,
 );
 
 mod batched {
