@@ -81,6 +81,7 @@ impl JobContext {
         max_in_flight: usize,
         holds: Arc<Holds>,
     ) -> Self {
+        let registry = registry.with_table(store.table());
         let series = registry
             .event_names()
             .map(|name| {

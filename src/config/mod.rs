@@ -348,6 +348,24 @@ pub struct DispatcherSettings {
     /// The longest `Retry-After` honoured.
     #[serde(default = "default_max_retry_after", with = "duration")]
     pub max_retry_after: Duration,
+    /// The `Idempotency-Key` header's value: the row's id (`id`, the
+    /// default), or `table-prefixed` (`outbox_events:42`) for a receiver
+    /// that takes events from several tables. Stable across attempts and
+    /// resends of one row.
+    #[serde(default)]
+    pub idempotency_key: IdempotencyKey,
+}
+
+/// The form of the `Idempotency-Key` header.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum IdempotencyKey {
+    /// `42`
+    #[default]
+    #[serde(rename = "id")]
+    Id,
+    /// `outbox_events:42` (`database.table`, a colon, the id)
+    #[serde(rename = "table-prefixed")]
+    TablePrefixed,
 }
 
 fn default_max_retry_after() -> Duration {
@@ -378,6 +396,7 @@ impl std::fmt::Debug for DispatcherSettings {
             .field("breaker", &self.breaker)
             .field("respect_retry_after", &self.respect_retry_after)
             .field("max_retry_after", &self.max_retry_after)
+            .field("idempotency_key", &self.idempotency_key)
             .finish()
     }
 }

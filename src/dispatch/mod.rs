@@ -60,6 +60,7 @@ pub struct Dispatcher {
     secrets: Vec<String>,
     /// `Some(cap)` when `respect_retry_after` is on.
     retry_after_cap: Option<Duration>,
+    idempotency_key: crate::config::IdempotencyKey,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -121,6 +122,7 @@ impl Dispatcher {
             retry_after_cap: settings
                 .respect_retry_after
                 .then_some(settings.max_retry_after),
+            idempotency_key: settings.idempotency_key,
         })
     }
 
@@ -138,6 +140,7 @@ impl Dispatcher {
         row: &OutboxEventRow,
         attempt: i32,
         payload_is_json: bool,
+        table: Option<&str>,
     ) -> Delivery {
         if !payload_is_json {
             if let Err(e) = row.payload.raw_json() {
@@ -148,7 +151,13 @@ impl Dispatcher {
         }
         let body = row.payload.as_str().to_owned();
         let mut headers = self.headers.clone();
-        insert(&mut headers, "idempotency-key", &row.id.to_string());
+        let key = match (self.idempotency_key, table) {
+            (crate::config::IdempotencyKey::TablePrefixed, Some(table)) => {
+                format!("{table}:{}", row.id)
+            }
+            _ => row.id.to_string(),
+        };
+        insert(&mut headers, "idempotency-key", &key);
         insert(&mut headers, "outbox-event-name", &row.event_name);
         insert(&mut headers, "outbox-attempt", &attempt.to_string());
         let request = self
@@ -337,6 +346,8 @@ fn describe_error(e: &reqwest::Error, timeout: Duration) -> String {
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     by_event: HashMap<String, Arc<Dispatcher>>,
+    /// The outbox table, for `idempotency_key = "table-prefixed"`.
+    table: Option<String>,
 }
 
 impl Registry {
@@ -350,7 +361,17 @@ impl Registry {
                 by_event.insert(event.clone(), d.clone());
             }
         }
-        Ok(Self { by_event })
+        Ok(Self {
+            by_event,
+            table: None,
+        })
+    }
+
+    /// The outbox table the rows come from (the prefix of a
+    /// `table-prefixed` `Idempotency-Key`).
+    pub fn with_table(mut self, table: &str) -> Self {
+        self.table = Some(table.to_owned());
+        self
     }
 
     pub fn get(&self, event_name: &str) -> Option<&Arc<Dispatcher>> {
@@ -372,7 +393,9 @@ impl Registry {
         match self.get(&row.event_name) {
             Some(d) => {
                 let started = Instant::now();
-                let delivery = d.send(row, attempt, payload_is_json).await;
+                let delivery = d
+                    .send(row, attempt, payload_is_json, self.table.as_deref())
+                    .await;
                 (delivery, Some(started.elapsed()))
             }
             None => (

@@ -829,3 +829,37 @@ async fn a_restart_forgets_a_retry_after_wait() {
     assert_eq!(t.receiver.for_id(id).len(), 2);
     t.stop().await;
 }
+
+/// `idempotency_key = "table-prefixed"`: `outbox_events:<id>`, the same on
+/// every attempt of the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_prefixed_idempotency_key_is_stable_across_attempts() {
+    let receiver = Receiver::start(|r| {
+        if r.nth == 0 {
+            ResponseTemplate::new(500)
+        } else {
+            ResponseTemplate::new(200)
+        }
+    })
+    .await;
+    let t = spawn_app_with(
+        Options {
+            accounts_toml: "idempotency_key = \"table-prefixed\"".into(),
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    let id = t
+        .insert("accounts.purchase_create", json!({"amount": 1}))
+        .await;
+    t.wait_status(id, Status::Sent, T).await;
+    // The only event of the test: every request is one of its attempts.
+    let requests = t.receiver.requests();
+    let keys: Vec<&str> = requests
+        .iter()
+        .map(|r| r.headers["idempotency-key"].as_str())
+        .collect();
+    let want = format!("outbox_events:{id}");
+    assert_eq!(keys, vec![want.as_str(), want.as_str()], "{requests:?}");
+}
