@@ -409,3 +409,40 @@ async fn json_bigint_attempts_and_timestamp_columns_mariadb() {
     );
     t.stop().await;
 }
+
+/// A payload that is not JSON never reaches the receiver, so its failed
+/// attempts say nothing of the receiver's health: with a breaker of 2
+/// failures, three such rows (six failed attempts) leave it closed and a
+/// good event goes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_that_are_not_json_do_not_open_the_breaker() {
+    let ddl = pg_table("text", "bigint", "timestamp(6)");
+    let opts = Options {
+        retry_delay: "200ms",
+        max_attempts: 2,
+        extra_toml:
+            "[dispatchers.accounts.breaker]\nfailures = 2\nwithin = \"30s\"\ncool_down = \"60s\"\n"
+                .into(),
+        ..Options::default()
+    };
+    let mut t = prepare_shape(Backend::Postgres, &ddl, opts, scripted().await).await;
+    t.start().await;
+    let mut garbage = Vec::new();
+    for _ in 0..3 {
+        garbage.push(insert_text(&t, "{not json", "text").await);
+    }
+    for id in garbage {
+        t.wait_status(id, Status::Failed, T).await;
+    }
+    let base = t.admin_url("");
+    let state = crate::harness::metric(
+        &base,
+        "outbox_dispatcher_breaker_state{dispatcher=\"accounts\"}",
+    )
+    .await;
+    assert_eq!(state, Some(0.0), "the breaker stays closed");
+    let ok = insert_text(&t, r#"{"case":"ok"}"#, "text").await;
+    t.wait_status(ok, Status::Sent, Duration::from_secs(10))
+        .await;
+    t.stop().await;
+}
