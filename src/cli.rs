@@ -665,7 +665,9 @@ pub async fn run_until_stopped(settings: Settings) -> i32 {
             // What the operator must change (a setting, the table) is a
             // usage error; an outage at start-up is a failure.
             return match e {
-                crate::app::AppError::Config(_) | crate::app::AppError::Table(_) => EXIT_USAGE,
+                crate::app::AppError::Config(_)
+                | crate::app::AppError::Table(_)
+                | crate::app::AppError::Dispatch(_) => EXIT_USAGE,
                 _ => EXIT_FAILED,
             };
         }

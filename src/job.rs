@@ -82,6 +82,7 @@ impl JobContext {
         holds: Arc<Holds>,
     ) -> Self {
         let registry = registry.with_table(store.table());
+        registry.count_signing_failures(&metrics);
         let series = registry
             .event_names()
             .map(|name| {

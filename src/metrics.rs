@@ -67,6 +67,7 @@ pub struct Metrics {
     pub job_panics_total: prometheus::IntCounter,
     pub status_writes_given_up_total: IntCounterVec,
     pub history_writes_failed_total: prometheus::IntCounter,
+    pub signing_secret_reload_failures_total: IntCounterVec,
     pub consumer_errors_total: IntCounterVec,
     /// What `/readyz` answers, for clusters that do not probe it (the
     /// shipped Deployment): set on every scrape.
@@ -228,6 +229,15 @@ impl Metrics {
              revoked, no partition); their status was written without them",
         ));
         reg(Box::new(history_writes_failed_total.clone()));
+        let signing_secret_reload_failures_total = must(IntCounterVec::new(
+            Opts::new(
+                "outbox_signing_secret_reload_failures_total",
+                "Reloads of a dispatcher's signing_secret_file that failed (unreadable, or no \
+                 valid secret); it signs with the last good secrets",
+            ),
+            &["dispatcher"],
+        ));
+        reg(Box::new(signing_secret_reload_failures_total.clone()));
         let consumer_errors_total = must(IntCounterVec::new(
             Opts::new(
                 "outbox_consumer_errors_total",
@@ -340,6 +350,7 @@ impl Metrics {
             job_panics_total,
             status_writes_given_up_total,
             history_writes_failed_total,
+            signing_secret_reload_failures_total,
             consumer_errors_total,
             ready,
             database_up,

@@ -354,6 +354,10 @@ pub struct DispatcherSettings {
     /// resends of one row.
     #[serde(default)]
     pub idempotency_key: IdempotencyKey,
+    /// Standard Webhooks signatures: a file of `whsec_…` secrets, one a
+    /// line, each signing every request; read again when it changes.
+    #[serde(default)]
+    pub signing_secret_file: Option<PathBuf>,
 }
 
 /// The form of the `Idempotency-Key` header.
@@ -397,6 +401,7 @@ impl std::fmt::Debug for DispatcherSettings {
             .field("respect_retry_after", &self.respect_retry_after)
             .field("max_retry_after", &self.max_retry_after)
             .field("idempotency_key", &self.idempotency_key)
+            .field("signing_secret_file", &self.signing_secret_file)
             .finish()
     }
 }

@@ -5,6 +5,7 @@
 //! a failure with a short readable message for `last_error`; R-004 does not
 //! tell them apart, so neither does this module.
 
+pub mod sign;
 pub mod tls;
 
 use std::collections::HashMap;
@@ -61,6 +62,8 @@ pub struct Dispatcher {
     /// `Some(cap)` when `respect_retry_after` is on.
     retry_after_cap: Option<Duration>,
     idempotency_key: crate::config::IdempotencyKey,
+    /// Standard Webhooks signatures, when `signing_secret_file` is set.
+    signer: Option<sign::Signer>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -108,6 +111,20 @@ impl Dispatcher {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(settings.timeout);
+        let signer = settings
+            .signing_secret_file
+            .as_deref()
+            .map(|path| {
+                sign::Signer::load(&format!("dispatchers.{name}.signing_secret_file"), path)
+            })
+            .transpose()
+            .map_err(|e| DispatchBuildError::Invalid {
+                name: name.to_owned(),
+                message: e
+                    .strip_prefix(&format!("dispatchers.{name}."))
+                    .unwrap_or(&e)
+                    .to_owned(),
+            })?;
         let client = tls::configure(client, settings)
             .map_err(|e| invalid(format!("{}: {}", e.key, e.message)))?
             .build()
@@ -123,6 +140,7 @@ impl Dispatcher {
                 .respect_retry_after
                 .then_some(settings.max_retry_after),
             idempotency_key: settings.idempotency_key,
+            signer,
         })
     }
 
@@ -158,6 +176,16 @@ impl Dispatcher {
             _ => row.id.to_string(),
         };
         insert(&mut headers, "idempotency-key", &key);
+        if let Some(signer) = &self.signer {
+            let timestamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let signature = sign::signature(&signer.keys(), &key, timestamp, body.as_bytes());
+            insert(&mut headers, "webhook-id", &key);
+            insert(&mut headers, "webhook-timestamp", &timestamp.to_string());
+            insert(&mut headers, "webhook-signature", &signature);
+        }
         insert(&mut headers, "outbox-event-name", &row.event_name);
         insert(&mut headers, "outbox-attempt", &attempt.to_string());
         let request = self
@@ -365,6 +393,20 @@ impl Registry {
             by_event,
             table: None,
         })
+    }
+
+    /// Counts each dispatcher's failed reloads of its signing secrets in
+    /// `metrics`.
+    pub fn count_signing_failures(&self, metrics: &crate::metrics::Metrics) {
+        for d in self.by_event.values() {
+            if let Some(signer) = &d.signer {
+                signer.count_failures_in(
+                    metrics
+                        .signing_secret_reload_failures_total
+                        .with_label_values(&[&d.name]),
+                );
+            }
+        }
     }
 
     /// The outbox table the rows come from (the prefix of a

@@ -18,6 +18,7 @@ mod pg_tls;
 mod pipeline;
 mod process;
 mod shapes;
+mod signing;
 mod slow_clients;
 mod store;
 mod tls;
