@@ -72,6 +72,7 @@ pub struct Metrics {
     /// What `/readyz` answers, for clusters that do not probe it (the
     /// shipped Deployment): set on every scrape.
     pub ready: IntGauge,
+    pub dead_letters_in_flight: IntGauge,
     pub database_up: IntGauge,
     /// 1 while a dispatcher is paused (group-wide, from the pause table).
     pub dispatcher_paused: IntGaugeVec,
@@ -260,6 +261,12 @@ impl Metrics {
         reg(Box::new(rows_never_visible_total.clone()));
         reg(Box::new(row_reads_failed_total.clone()));
         reg(Box::new(job_panics_total.clone()));
+        let dead_letters_in_flight = must(IntGauge::new(
+            "outbox_dead_letters_in_flight",
+            "Dead-letter sends under way (each keeps its record in memory until delivered or \
+             given up); fetching holds at 1,000",
+        ));
+        reg(Box::new(dead_letters_in_flight.clone()));
         let ready = must(IntGauge::new(
             "outbox_ready",
             "1 when the consumer holds its group assignment (an empty one counts) and the \
@@ -352,6 +359,7 @@ impl Metrics {
             history_writes_failed_total,
             signing_secret_reload_failures_total,
             consumer_errors_total,
+            dead_letters_in_flight,
             ready,
             database_up,
             dispatcher_paused,

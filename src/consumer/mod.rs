@@ -604,6 +604,7 @@ impl Pipeline {
                 }
                 Some((pos, bytes)) = replies.dlq_rx.recv() => {
                     sched.dead_letter_ended(&pos, bytes, TokioInstant::now());
+                    self.metrics.dead_letters_in_flight.set(sched.dead_letters() as i64);
                 }
                 // A job began its retry wait: its slot may take a ready row.
                 _ = self.ctx.wait_started.notified() => {}
@@ -810,6 +811,9 @@ impl Pipeline {
                             + raw.1.as_ref().map_or(0, Vec::len)
                             + 256;
                         sched.dead_letter_began(bytes);
+                        self.metrics
+                            .dead_letters_in_flight
+                            .set(sched.dead_letters() as i64);
                         let send = dead_letter(
                             producer.clone(),
                             topic.clone(),

@@ -649,7 +649,11 @@ async fn a_busy_backlog_is_not_paused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_sends_to_a_missing_topic_are_bounded_and_fetching_resumes() {
     use futures::StreamExt;
-    const N: usize = 3_000;
+    // OUTBOX_DLQ_RECORDS: the long run's 50,000 (`make test` keeps 3,000).
+    let n: usize = std::env::var("OUTBOX_DLQ_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3_000);
     let dlq = crate::harness::unique("dlq-missing");
     let opts = Options {
         partitions: 1,
@@ -664,7 +668,7 @@ async fn dead_letter_sends_to_a_missing_topic_are_bounded_and_fetching_resumes()
         .properties
         .insert("allow.auto.create.topics".into(), "false".into());
     let app = outbox_sidecar::app::App::start(settings).await.unwrap();
-    futures::stream::iter(0..N)
+    futures::stream::iter(0..n)
         .for_each_concurrent(64, |i| {
             let feed = &t.feed;
             async move {
@@ -687,6 +691,17 @@ async fn dead_letter_sends_to_a_missing_topic_are_bounded_and_fetching_resumes()
     assert!(
         committed < 1_100,
         "no more than the bound (plus one batch) taken in: committed {committed}"
+    );
+    let in_flight = crate::harness::metric(&base, "outbox_dead_letters_in_flight")
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        in_flight > 0.0 && in_flight < 1_600.0,
+        "the sends held in memory are bounded: {in_flight}"
+    );
+    println!(
+        "dead letters: {n} invalid records, {in_flight} sends held at the pause, committed {committed}, test process VmRSS {} KiB",
+        vm_rss_kib()
     );
     t.kafka.create_topic(&dlq, 1).await;
     t.wait_all_committed(&t.group, Duration::from_secs(300))
@@ -862,4 +877,17 @@ async fn a_table_prefixed_idempotency_key_is_stable_across_attempts() {
         .collect();
     let want = format!("outbox_events:{id}");
     assert_eq!(keys, vec![want.as_str(), want.as_str()], "{requests:?}");
+}
+
+/// This process's resident set (Linux), for the long runs' printout.
+fn vm_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
 }
