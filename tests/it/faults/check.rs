@@ -16,6 +16,22 @@
 //! - a request that repeats an attempt number (a duplicate 2xx, or a failure
 //!   whose write-back was lost) must straddle a crash or a revoke, and no
 //!   crash or revoke explains more than the in-flight limit of them.
+//!
+//! Why the in-flight limit bounds the repeats of one SIGKILL: a job holds
+//! one of `max_in_flight` slots from just before its POST until its status
+//! write has committed (`src/job.rs`; the batched writer answers a job only
+//! after its statement returned, `src/store/batch.rs`), and within one
+//! process an id has one job at a time (`src/consumer/schedule.rs`). A
+//! request is sent again only when its outcome is not in the table, i.e.
+//! only when its job still held a slot at the kill: at most
+//! `max_in_flight` rows, one request each. Everything else a restart
+//! replays finds its row decided: the change events after the committed
+//! offset are re-read, but a row is read before it is sent (sent or failed:
+//! finished; pending with more attempts: the next attempt, not a repeat).
+//! The HTTP client re-sends nothing on its own (reqwest retries only
+//! requests an HTTP/2 peer refused unprocessed). A repeat is charged to the
+//! kill that ended the process which sent its first copy (see
+//! [`RECORD_SLACK`] for how that process is told from the stamps).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -27,11 +43,11 @@ use outbox_sidecar::store::ListFilter;
 use crate::harness::receiver::Received;
 use crate::harness::TestApp;
 
-/// What a scenario tells the checker about itself.
 /// How late after a kill the receiver may stamp a request the killed
-/// process wrote (see the replay attribution in [`check`]).
+/// process wrote (see the replay attribution in [`judge`]).
 const RECORD_SLACK: Duration = Duration::from_secs(1);
 
+/// What a scenario tells the checker about itself.
 pub struct Spec<'a> {
     pub scenario: &'a str,
     pub max_attempts: i32,
@@ -40,6 +56,13 @@ pub struct Spec<'a> {
     pub faults: usize,
     /// When a crash or a revoke happened, in any order.
     pub disruptions: Vec<NaiveDateTime>,
+    /// What each disruption was (same order as `disruptions`, or empty):
+    /// named in the replay log.
+    pub disruption_notes: Vec<String>,
+    /// When each process under test was started, for scenarios that kill
+    /// and restart it: the replay log names the process alive when each
+    /// copy of a repeated request was stamped.
+    pub starts: Vec<NaiveDateTime>,
     /// How many repeated requests one disruption may explain (the
     /// in-flight limit, times the members that lost work).
     pub per_disruption: usize,
@@ -58,6 +81,8 @@ impl<'a> Spec<'a> {
             retry_delay: humantime::parse_duration(t.opts.retry_delay).expect("retry_delay"),
             faults: 0,
             disruptions: Vec::new(),
+            disruption_notes: Vec::new(),
+            starts: Vec::new(),
             per_disruption: t.opts.max_in_flight,
             delivered: Box::new(|r| (200..300).contains(&r.status)),
             elsewhere: Vec::new(),
@@ -75,6 +100,22 @@ pub struct Figures {
     pub duplicates: usize,
     pub replays: usize,
     pub max_attempts_seen: i64,
+    /// The most repeated requests charged to one disruption.
+    pub most_per_disruption: usize,
+    /// How many disruptions were charged 0, 1, 2, … repeated requests.
+    pub per_disruption_counts: Vec<usize>,
+    /// Repeated requests whose first copy was stamped after the kill it is
+    /// charged to (sent before it, read by the receiver after it), and the
+    /// latest such stamp, in ms after its kill.
+    pub stamped_after_kill: usize,
+    pub latest_stamp_after_kill_ms: i64,
+    /// The attribution without [`RECORD_SLACK`] (first copy stamped at or
+    /// before the kill): its most per disruption, and how many repeats it
+    /// finds no disruption for.
+    pub unslacked_most: usize,
+    pub unslacked_unexplained: usize,
+    /// One line per repeated request: the event, both copies, the kill.
+    pub replay_log: Vec<String>,
 }
 
 pub async fn all_rows(t: &TestApp) -> Vec<OutboxEventRow> {
@@ -107,6 +148,24 @@ pub async fn check(t: &TestApp, spec: &Spec<'_>) -> Figures {
         figures.replays,
         spec.disruptions.len(),
     );
+    if !spec.disruptions.is_empty() {
+        for line in &figures.replay_log {
+            println!("faults {} replay: {line}", spec.scenario);
+        }
+        println!(
+            "faults {}: repeated requests per disruption: at most {} (limit {}); disruptions with 0, 1, 2, … repeats: {:?}; \
+             {} first copies stamped after their kill (latest {} ms after); without the {:?} stamp slack: at most {} per disruption, {} unexplained",
+            spec.scenario,
+            figures.most_per_disruption,
+            spec.per_disruption,
+            figures.per_disruption_counts,
+            figures.stamped_after_kill,
+            figures.latest_stamp_after_kill_ms,
+            RECORD_SLACK,
+            figures.unslacked_most,
+            figures.unslacked_unexplained,
+        );
+    }
     if !violations.is_empty() {
         let shown: Vec<&String> = violations.iter().take(25).collect();
         panic!(
@@ -153,9 +212,31 @@ pub fn judge(
     for id in by_id.keys().filter(|id| !known.contains(id)) {
         v.push(format!("request for event {id}, which is not in the table"));
     }
-    let mut per_disruption: HashMap<usize, usize> = HashMap::new();
-    let mut disruptions = spec.disruptions.clone();
-    disruptions.sort();
+    let mut per_disruption: HashMap<usize, Vec<String>> = HashMap::new();
+    let mut unslacked: HashMap<usize, usize> = HashMap::new();
+    let mut disruptions: Vec<(NaiveDateTime, &str)> = spec
+        .disruptions
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (*d, spec.disruption_notes.get(i).map_or("", String::as_str)))
+        .collect();
+    disruptions.sort_by_key(|(d, _)| *d);
+    let mut starts = spec.starts.clone();
+    starts.sort();
+    // The process alive when the receiver stamped `at` (1-based; 0 before
+    // the first start).
+    let process = |at: NaiveDateTime| match starts.partition_point(|s| *s <= at) {
+        _ if starts.is_empty() => String::new(),
+        n => format!(" by process {n}"),
+    };
+    let noted = |note: &str| {
+        if note.is_empty() {
+            String::new()
+        } else {
+            format!(" ({note})")
+        }
+    };
+    let ms = |d: chrono::Duration| d.num_milliseconds();
 
     for row in rows {
         let id = row.id;
@@ -272,11 +353,47 @@ pub fn judge(
             // after the moment the kill is recorded (taken once the process
             // is reaped). A twin stamped just after a kill was still sent
             // before it: a restarted process needs seconds (connect, join)
-            // before its first request. Without this slack such a replay
-            // was charged to the next disruption on top of that one's own.
+            // before its first request (it joins the group first). Without
+            // this slack such a replay would be charged to a later
+            // disruption, on top of that one's own.
             let sent_by = twin.at - chrono::Duration::from_std(RECORD_SLACK).unwrap();
-            match disruptions.iter().position(|d| sent_by <= *d && *d <= r.at) {
-                Some(k) => *per_disruption.entry(k).or_default() += 1,
+            match disruptions
+                .iter()
+                .position(|(d, _)| twin.at <= *d && *d <= r.at)
+            {
+                Some(k) => *unslacked.entry(k).or_default() += 1,
+                None => f.unslacked_unexplained += 1,
+            }
+            match disruptions
+                .iter()
+                .position(|(d, _)| sent_by <= *d && *d <= r.at)
+            {
+                Some(k) => {
+                    let (kill, note) = disruptions[k];
+                    let late = ms(twin.at - kill);
+                    if twin.at > kill {
+                        f.stamped_after_kill += 1;
+                        f.latest_stamp_after_kill_ms = f.latest_stamp_after_kill_ms.max(late);
+                    }
+                    f.replay_log.push(format!(
+                        "event {id} attempt {}: answered {} at {}{} ({late:+} ms from the kill), \
+                         answered {} again at {}{} ({:+} ms); charged to disruption {} at {kill}{}",
+                        r.attempt,
+                        twin.status,
+                        twin.at,
+                        process(twin.at),
+                        r.status,
+                        r.at,
+                        process(r.at),
+                        ms(r.at - kill),
+                        k + 1,
+                        noted(note),
+                    ));
+                    per_disruption
+                        .entry(k)
+                        .or_default()
+                        .push(format!("{id}/{}", r.attempt));
+                }
                 None => v.push(format!(
                     "event {id}: attempt {} sent again at {} (first at {}) with no crash or revoke in between",
                     r.attempt, r.at, twin.at
@@ -284,13 +401,26 @@ pub fn judge(
             }
         }
     }
-    for (k, n) in &per_disruption {
-        if *n > spec.per_disruption {
-            v.push(format!(
-                "{n} repeated requests across the crash/revoke at {} (limit {})",
-                disruptions[*k], spec.per_disruption
-            ));
-        }
+    f.most_per_disruption = per_disruption.values().map(Vec::len).max().unwrap_or(0);
+    f.unslacked_most = unslacked.values().copied().max().unwrap_or(0);
+    f.per_disruption_counts = vec![0; f.most_per_disruption + 1];
+    for k in 0..disruptions.len() {
+        f.per_disruption_counts[per_disruption.get(&k).map_or(0, Vec::len)] += 1;
+    }
+    let mut over: Vec<(&usize, &Vec<String>)> = per_disruption
+        .iter()
+        .filter(|(_, ids)| ids.len() > spec.per_disruption)
+        .collect();
+    over.sort();
+    for (k, ids) in over {
+        let (at, note) = disruptions[*k];
+        v.push(format!(
+            "{} repeated requests across the crash/revoke at {at}{} (limit {}): event/attempt {}",
+            ids.len(),
+            noted(note),
+            spec.per_disruption,
+            ids.join(", ")
+        ));
     }
 
     // The change events: attempts bounded, and never back from sent.

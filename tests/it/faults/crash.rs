@@ -68,12 +68,17 @@ async fn sigkill_at_random_moments_and_restart() {
     let cycles = 20 * scale();
     let mut rng = Rng::new(seed(0xC2A5_0009));
     let mut kills = Vec::with_capacity(cycles);
+    // For the checker's replay log: when each process started, and where
+    // each kill landed.
+    let mut starts = Vec::with_capacity(cycles + 1);
+    let mut notes = Vec::with_capacity(cycles);
     let (mut in_flight, mut in_retry_wait, mut at_random, mut missed) = (0, 0, 0, 0);
     for cycle in 0..cycles {
         insert_many(&t, 3, "crash").await;
         let cycle_start = now();
+        starts.push(cycle_start);
         let s = spawn(&config, &log);
-        match cycle % 3 {
+        let note = match cycle % 3 {
             0 => {
                 // A request arrived, its 2xx is not back yet.
                 let hit = until(Duration::from_secs(10), || async {
@@ -87,9 +92,11 @@ async fn sigkill_at_random_moments_and_restart() {
                 })
                 .await;
                 if hit {
-                    in_flight += 1
+                    in_flight += 1;
+                    "a 2xx in flight".to_owned()
                 } else {
-                    missed += 1
+                    missed += 1;
+                    "no 2xx in flight within 10 s".to_owned()
                 }
             }
             1 => {
@@ -103,20 +110,32 @@ async fn sigkill_at_random_moments_and_restart() {
                 })
                 .await;
                 if hit {
-                    in_retry_wait += 1
+                    in_retry_wait += 1;
+                    "a retry wait".to_owned()
                 } else {
-                    missed += 1
+                    missed += 1;
+                    "no retry wait within 10 s".to_owned()
                 }
             }
             _ => {
                 at_random += 1;
-                tokio::time::sleep(Duration::from_millis(rng.below(4000))).await;
+                let after = rng.below(4000);
+                tokio::time::sleep(Duration::from_millis(after)).await;
+                "at random".to_owned()
             }
-        }
-        kills.push(crash(s));
+        };
+        let killed = crash(s);
+        notes.push(format!(
+            "kill {} of process {}: {note}, {} ms after its start",
+            cycle + 1,
+            cycle + 1,
+            (killed - cycle_start).num_milliseconds()
+        ));
+        kills.push(killed);
     }
     let crash_phase = started.elapsed();
     // A last start finishes everything; then a clean stop.
+    starts.push(now());
     let mut last = spawn(&config, &log);
     crate::harness::wait_ready("the last sidecar to be ready", &last.base, T).await;
     settle_rows(&t, T).await;
@@ -135,6 +154,8 @@ async fn sigkill_at_random_moments_and_restart() {
     let mut spec = Spec::new("SIGKILL + restart", &t);
     spec.faults = cycles;
     spec.disruptions = kills;
+    spec.disruption_notes = notes;
+    spec.starts = starts;
     check(&t, &spec).await;
     assert!(
         in_flight + in_retry_wait >= cycles / 3,
