@@ -111,7 +111,9 @@ fn attempt_view(r: crate::store::history::Record) -> AttemptView {
 
 /// Every configured dispatcher with its state (paused, breaker) and the
 /// recent outcomes of its attempts.
-async fn dispatcher_rows(admin: &AdminState) -> Vec<pages::DispatcherRow> {
+/// `charts`: with each dispatcher's chart of the last hour (the
+/// dispatchers page), or without (the overview draws one for all).
+async fn dispatcher_rows(admin: &AdminState, charts: bool) -> Vec<pages::DispatcherRow> {
     let breakers = admin
         .holds
         .as_ref()
@@ -148,7 +150,17 @@ async fn dispatcher_rows(admin: &AdminState) -> Vec<pages::DispatcherRow> {
             .await
             .ok()
             .flatten();
+        let chart = if charts {
+            admin
+                .store
+                .attempts_per_minute(Some(events), chart_since(), CHART_MINUTES)
+                .await
+                .map_err(|e| e.to_string())
+        } else {
+            Ok(None)
+        };
         rows.push(pages::DispatcherRow {
+            chart,
             paused: found.is_some_and(|d| d.paused),
             view: DispatcherView {
                 name: name.clone(),
@@ -161,6 +173,17 @@ async fn dispatcher_rows(admin: &AdminState) -> Vec<pages::DispatcherRow> {
     rows
 }
 
+/// The chart's window: the last hour, by whole minutes (the last bar is
+/// the minute under way).
+const CHART_MINUTES: usize = 60;
+
+fn chart_since() -> chrono::NaiveDateTime {
+    use chrono::{DurationRound, TimeDelta};
+    let now = crate::store::now();
+    now.duration_trunc(TimeDelta::minutes(1)).unwrap_or(now)
+        - TimeDelta::minutes(CHART_MINUTES as i64 - 1)
+}
+
 async fn dispatchers_page(
     State(state): State<ConsoleState>,
     Extension(s): Extension<Session>,
@@ -169,7 +192,7 @@ async fn dispatchers_page(
     if let Err(e) = query_params(raw.as_deref(), &[]) {
         return refused(Some(&s), &e);
     }
-    let rows = dispatcher_rows(&state.admin).await;
+    let rows = dispatcher_rows(&state.admin, true).await;
     html(StatusCode::OK, pages::dispatchers(&s, &rows, None))
 }
 
@@ -216,7 +239,7 @@ async fn dispatcher_action(
         }
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
-    let rows = dispatcher_rows(admin).await;
+    let rows = dispatcher_rows(admin, true).await;
     html(status, pages::dispatchers(&s, &rows, Some(&notice)))
 }
 
@@ -453,11 +476,16 @@ async fn overview(
         fetching_paused: admin.metrics.consumer_paused.get() == 1,
         lags: admin.metrics.consumer_lags(),
         inflight: admin.metrics.inflight_events.get(),
-        dispatchers: dispatcher_rows(admin)
+        dispatchers: dispatcher_rows(admin, false)
             .await
             .into_iter()
             .map(|r| r.view)
             .collect(),
+        chart: admin
+            .store
+            .attempts_per_minute(None, chart_since(), CHART_MINUTES)
+            .await
+            .map_err(|e| e.to_string()),
     };
     html(StatusCode::OK, pages::overview(&s, &view))
 }

@@ -7,6 +7,7 @@
 //! [`Outcome::Conflict`] with the state it found instead of a silent no-op.
 
 pub mod batch;
+pub mod chart;
 pub mod history;
 pub mod shape;
 #[cfg(test)]

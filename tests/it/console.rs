@@ -90,6 +90,33 @@ async fn console_in_a_browser_sign_in_see_a_failure_resend_it_and_resend_in_bulk
         .text("#dispatchers")
         .await
         .contains("accounts.installment_overdue"));
+    // The chart of the last hour: its bars and totals are the log's.
+    let (mut logged_ok, mut logged_failed) = (0, 0);
+    for id in ids.iter().chain([&sent]) {
+        for r in t.store.history(*id).await.unwrap() {
+            match r.outcome.as_deref() {
+                Some("success") => logged_ok += 1,
+                Some("failure") => logged_failed += 1,
+                _ => {}
+            }
+        }
+    }
+    assert_eq!((logged_ok, logged_failed), (1, 12));
+    b.find("#chart-all svg").await;
+    assert_eq!(b.text("#chart-all .chart-ok").await, logged_ok.to_string());
+    assert_eq!(
+        b.text("#chart-all .chart-failed").await,
+        logged_failed.to_string()
+    );
+    let page = b.client.source().await.unwrap();
+    let bars = |attr: &str| -> i64 {
+        page.split(&format!("{attr}=\""))
+            .skip(1)
+            .map(|v| v.split('"').next().unwrap().parse::<i64>().unwrap())
+            .sum()
+    };
+    assert_eq!((bars("data-ok"), bars("data-failed")), (1, 12), "{page}");
+    assert_eq!(page.matches("class=\"minute\"").count(), 60);
     b.screenshot("console-overview.png").await;
 
     // The events list shows the failed ones, newest first; the first

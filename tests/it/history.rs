@@ -393,6 +393,79 @@ async fn a_row_changed_between_select_and_delete_stays(backend: Backend) {
     );
 }
 
+/// The console's chart: attempts per minute from the log, by the minute
+/// they started in, counted on each backend's own time arithmetic; resends
+/// and attempts before the window are not counted; a dispatcher's chart
+/// counts its own events only.
+async fn the_chart_counts_attempts_per_minute(backend: Backend) {
+    use outbox_sidecar::store::chart::Minute;
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let a = store
+        .insert("accounts.purchase_create", &json!({}))
+        .await
+        .unwrap();
+    let b = store.insert("billing.invoice", &json!({})).await.unwrap();
+    let since = chrono::NaiveDate::from_ymd_opt(2026, 12, 3)
+        .unwrap()
+        .and_hms_opt(10, 0, 0)
+        .unwrap();
+    let at = |secs: i64| (since + chrono::Duration::seconds(secs)).format("%Y-%m-%d %H:%M:%S");
+    let rows = [
+        (a, "attempt", Some("success"), at(10)),
+        (a, "attempt", Some("failure"), at(59)),
+        (a, "attempt", Some("failure"), at(5 * 60)),
+        (b, "attempt", Some("success"), at(5 * 60 + 30)),
+        (b, "attempt", Some("failure"), at(59 * 60 + 59)),
+        // Outside the window, or not an attempt: not counted.
+        (a, "attempt", Some("failure"), at(-1)),
+        (a, "resend", None, at(20)),
+    ];
+    for (id, kind, outcome, started) in rows {
+        let outcome = outcome.map_or("NULL".to_owned(), |o| format!("'{o}'"));
+        store
+            .connection()
+            .execute_unprepared(&format!(
+                "INSERT INTO outbox_event_attempts (event_id, kind, started_at, outcome) \
+                 VALUES ({id}, '{kind}', '{started}', {outcome})"
+            ))
+            .await
+            .unwrap();
+    }
+    let m = |ok, failed| Minute { ok, failed };
+    let all = store
+        .attempts_per_minute(None, since, 60)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(all.minutes.len(), 60);
+    assert_eq!(all.minutes[0], m(1, 1), "{all:?}");
+    assert_eq!(all.minutes[5], m(1, 1), "{all:?}");
+    assert_eq!(all.minutes[59], m(0, 1), "{all:?}");
+    assert_eq!(all.total(), m(2, 3), "{all:?}");
+    let accounts = ["accounts.purchase_create".to_owned()];
+    let one = store
+        .attempts_per_minute(Some(&accounts), since, 60)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(one.minutes[0], m(1, 1), "{one:?}");
+    assert_eq!(one.minutes[5], m(0, 1), "{one:?}");
+    assert_eq!(one.total(), m(1, 2), "{one:?}");
+    let none = store
+        .attempts_per_minute(Some(&[]), since, 60)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(none.total(), m(0, 0));
+    assert!(store
+        .without_history()
+        .attempts_per_minute(None, since, 60)
+        .await
+        .unwrap()
+        .is_none());
+}
+
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
         mod postgres { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Postgres).await } )* }
@@ -402,6 +475,7 @@ macro_rules! on_every_backend {
 }
 
 on_every_backend!(
+    the_chart_counts_attempts_per_minute,
     attempts_are_on_record_exactly_when_their_status_is,
     resends_are_recorded_with_who_asked,
     prune_deletes_old_log_rows_only,
