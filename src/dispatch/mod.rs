@@ -5,6 +5,7 @@
 //! a failure with a short readable message for `last_error`; R-004 does not
 //! tell them apart, so neither does this module.
 
+pub mod rate;
 pub mod sign;
 pub mod tls;
 
