@@ -17,6 +17,7 @@ mod operations;
 mod pg_tls;
 mod pipeline;
 mod process;
+mod readme;
 mod shapes;
 mod signing;
 mod slow_clients;
