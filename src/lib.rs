@@ -40,4 +40,5 @@ pub mod metrics;
 pub mod operator;
 pub mod store;
 pub mod telemetry;
+pub mod trace_context;
 pub mod transition;

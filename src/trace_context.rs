@@ -1,0 +1,186 @@
+//! W3C trace context (`traceparent`, `tracestate`) carried from the
+//! application's request to the receiver: the application writes the
+//! request's `traceparent` into the row (`[tracing] column`), and every
+//! attempt is a child span of it, sent on the POST as the receiver's
+//! parent. The ids are made here whether or not spans are exported, so an
+//! operator can go from an event to its trace with no collector at all.
+
+use std::fmt;
+
+/// A 16-byte trace id, never all zeros.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceId(pub [u8; 16]);
+
+/// An 8-byte span id, never all zeros.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SpanId(pub [u8; 8]);
+
+impl fmt::Display for TraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Display for SpanId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl SpanId {
+    /// A fresh random span id.
+    pub fn random() -> SpanId {
+        loop {
+            let mut b = [0u8; 8];
+            if getrandom::fill(&mut b).is_err() {
+                // No OS randomness: a time-derived id still tells attempts apart.
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos() as u64;
+                b = t.to_be_bytes();
+            }
+            if b != [0; 8] {
+                return SpanId(b);
+            }
+        }
+    }
+}
+
+/// A parsed `traceparent` (version 00), with the `tracestate` that came
+/// with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceParent {
+    pub trace_id: TraceId,
+    pub parent_id: SpanId,
+    /// Trace flags; bit 0 is `sampled`.
+    pub flags: u8,
+    pub state: Option<String>,
+}
+
+/// Why a `traceparent` value was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a W3C traceparent ({0}); the event is sent without one")]
+pub struct Invalid(&'static str);
+
+fn lower_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N || !s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    hex::decode_to_slice(s, &mut out).ok()?;
+    Some(out)
+}
+
+impl TraceParent {
+    /// Parses a `traceparent` header value as the W3C Trace Context
+    /// specification reads it: `version-traceid-parentid-flags`, lower-case
+    /// hex; version `ff` and all-zero ids are invalid; a later version is
+    /// read by its first four fields. `state`: the row's `tracestate`, kept
+    /// as written (trimmed, empty dropped, at most 512 bytes).
+    pub fn parse(value: &str, state: Option<&str>) -> Result<TraceParent, Invalid> {
+        let value = value.trim();
+        let mut parts = value.split('-');
+        let (Some(version), Some(trace), Some(parent), Some(flags)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(Invalid("expected version-traceid-parentid-flags"));
+        };
+        let version = lower_hex::<1>(version).ok_or(Invalid("version is not 2 hex digits"))?[0];
+        if version == 0xff {
+            return Err(Invalid("version ff is invalid"));
+        }
+        if version == 0 && (value.len() != 55 || parts.next().is_some()) {
+            return Err(Invalid("version 00 has exactly four fields"));
+        }
+        let trace_id =
+            lower_hex::<16>(trace).ok_or(Invalid("trace id is not 32 lower-case hex digits"))?;
+        if trace_id == [0; 16] {
+            return Err(Invalid("trace id is all zeros"));
+        }
+        let parent_id =
+            lower_hex::<8>(parent).ok_or(Invalid("parent id is not 16 lower-case hex digits"))?;
+        if parent_id == [0; 8] {
+            return Err(Invalid("parent id is all zeros"));
+        }
+        let flags = lower_hex::<1>(flags).ok_or(Invalid("flags are not 2 hex digits"))?[0];
+        let state = state
+            .map(str::trim)
+            .filter(|s| {
+                !s.is_empty()
+                    && s.len() <= 512
+                    && s.chars().all(|c| c.is_ascii() && !c.is_ascii_control())
+            })
+            .map(str::to_owned);
+        Ok(TraceParent {
+            trace_id: TraceId(trace_id),
+            parent_id: SpanId(parent_id),
+            flags,
+            state,
+        })
+    }
+
+    pub fn sampled(&self) -> bool {
+        self.flags & 1 == 1
+    }
+
+    /// The `traceparent` of a child span `span` of this context (version
+    /// 00, this trace, the parent's flags but only the sampled bit).
+    pub fn child_header(&self, span: SpanId) -> String {
+        format!("00-{}-{}-{:02x}", self.trace_id, span, self.flags & 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn parses_the_specification_example_and_makes_a_child() {
+        let p = TraceParent::parse(GOOD, Some(" congo=t61rcWkgMzE ")).unwrap();
+        assert_eq!(p.trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(p.parent_id.to_string(), "00f067aa0ba902b7");
+        assert!(p.sampled());
+        assert_eq!(p.state.as_deref(), Some("congo=t61rcWkgMzE"));
+        let span = SpanId([1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(
+            p.child_header(span),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0102030405060708-01"
+        );
+        let unsampled = TraceParent::parse(&GOOD.replace("-01", "-00"), None).unwrap();
+        assert!(unsampled.child_header(span).ends_with("-00"));
+        // A later version is read by its first four fields.
+        let later = format!("{}-extra", GOOD.replacen("00", "cc", 1));
+        assert!(TraceParent::parse(&later, None).is_ok());
+    }
+
+    #[test]
+    fn refuses_what_the_specification_calls_invalid() {
+        for bad in [
+            "",
+            "garbage",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+        ] {
+            let e = TraceParent::parse(bad, None).unwrap_err();
+            assert!(
+                e.to_string().starts_with("not a W3C traceparent"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn random_span_ids_are_never_zero_and_differ() {
+        let (a, b) = (SpanId::random(), SpanId::random());
+        assert_ne!(a.0, [0; 8]);
+        assert_ne!(a, b);
+    }
+}
