@@ -56,7 +56,8 @@ pub enum Phase {
 pub enum Revoke {
     /// Every partition, given up when the rebalance callback returns.
     Eager,
-    /// Some partitions, given up by the driver when it says so.
+    /// Some partitions, given up by the driver once their POSTs wrote
+    /// their status (a hand-off): the kept ones go on meanwhile.
     Cooperative,
     /// The session timed out: the partitions are someone else's already.
     Lost,
@@ -96,7 +97,8 @@ struct Draining {
 /// What a [`Revocation`] is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// Waited for in the rebalance callback.
+    /// Waited for, if at all, in the rebalance callback: librdkafka gives
+    /// the partitions up when it returns.
     Revoke,
     /// Waited for off the loop; the driver gives the partitions up after.
     HandOff,
@@ -151,6 +153,7 @@ impl Group {
         })
     }
 
+    /// Where the consumer is in its life.
     pub fn phase(&self) -> Phase {
         *self.phase.lock().unwrap_or_else(|e| e.into_inner())
     }
