@@ -19,6 +19,10 @@
 //!    waits `retry_delay`, re-reads the row and tries again.
 //! 4. When a job ends, [`consumer::offsets`] lets its message be committed.
 //!
+//! A job runs under its partition's [`lease`]: a revoke or the shutdown
+//! cancels it and waits for the POSTs under way to write their status
+//! ([`consumer::group`], no Kafka in it) before the partitions go.
+//!
 //! Around it: [`admin`] (metrics, health, resend API), [`console`] (the
 //! operators' web pages on the admin API's listener), [`metrics`],
 //! [`config`], [`cli`], [`app`] (wiring and shutdown), [`demo`].
@@ -36,6 +40,7 @@ pub mod demo;
 pub mod dispatch;
 pub mod hold;
 pub mod job;
+pub mod lease;
 pub mod metrics;
 pub mod operator;
 pub mod store;
