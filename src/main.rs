@@ -5,6 +5,7 @@
 use clap::Parser;
 use outbox_sidecar::cli::{self, Cli, Command, EXIT_USAGE};
 use outbox_sidecar::config::Settings;
+use outbox_sidecar::dispatch::Registry;
 
 /// mimalloc rather than the system allocator: a job per event allocates
 /// and frees small objects across threads all the time, where glibc's
@@ -38,6 +39,13 @@ async fn dispatch(cli: Cli) -> i32 {
             return EXIT_USAGE;
         }
     };
+    // The dispatchers are checked by building them: a URL, a header, a TLS
+    // file or a signing secret that cannot be used stops every command
+    // naming its key, as a bad setting does.
+    if let Err(e) = Registry::from_settings(&settings.dispatchers) {
+        eprintln!("error: {e}");
+        return EXIT_USAGE;
+    }
     outbox_sidecar::telemetry::init_logging(&settings.log);
     match command {
         Command::Migrate => cli::migrate(&settings).await,

@@ -68,16 +68,7 @@ fn one_event_name_one_dispatcher() {
 }
 
 #[test]
-fn bad_dispatcher_url_and_listen_address() {
-    let e = Settings::from_toml(
-        Some("[database]\nurl = \"sqlite::memory:\"\n[dispatchers.a]\nurl = \"ftp://a\"\nevents = [\"x\"]\n"),
-        BTreeMap::new(),
-    )
-    .unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "invalid configuration: dispatchers.a.url: scheme \"ftp\" is not http or https"
-    );
+fn bad_listen_address() {
     let e = Settings::from_toml(
         Some("[database]\nurl = \"sqlite::memory:\"\n[admin]\nlisten = \"everywhere\"\n"),
         BTreeMap::new(),
@@ -467,18 +458,6 @@ fn redaction_covers_env_property_names_oauth_query_passwords_and_dispatcher_urls
     }
     let url = url::Url::parse(&s.dispatchers["a"].url).unwrap();
     assert_eq!(url_secrets(&url), ["upw-3", "utok-4"]);
-    // An unparseable dispatcher URL is refused without quoting its secret.
-    let e = Settings::from_toml(
-        Some(
-            "[database]\nurl = \"sqlite::memory:\"\n\
-             [dispatchers.a]\nurl = \"https://user:upw-6@[bad/hook\"\nevents = [\"x\"]\n",
-        ),
-        BTreeMap::new(),
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("dispatchers.a.url"), "{e}");
-    assert!(!e.contains("upw-6"), "{e}");
 }
 
 #[test]
@@ -584,7 +563,7 @@ fn console_session_settings_default_and_refuse_zero_naming_the_key() {
 }
 
 #[test]
-fn dispatcher_tls_settings_are_checked_at_load_naming_the_key() {
+fn dispatcher_tls_versions_are_read_naming_the_key() {
     let with = |extra: &str| {
         Settings::from_toml(
             Some(&format!(
@@ -605,23 +584,6 @@ fn dispatcher_tls_settings_are_checked_at_load_naming_the_key() {
     );
     let e = with("min_tls_version = \"1.0\"").unwrap_err().to_string();
     assert!(e.contains("dispatchers.accounts.min_tls_version"), "{e}");
-    let e = with("ca_file = \"/nonexistent/ca.pem\"")
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.starts_with(
-            "invalid configuration: dispatchers.accounts.ca_file: cannot read /nonexistent/ca.pem:"
-        ),
-        "{e}"
-    );
-    let e = with("client_cert_file = \"/nonexistent/c.pem\"")
-        .unwrap_err()
-        .to_string();
-    assert_eq!(
-        e,
-        "invalid configuration: dispatchers.accounts.client_key_file: must be set together with \
-         client_cert_file"
-    );
 }
 
 #[test]

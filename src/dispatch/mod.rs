@@ -24,10 +24,14 @@ pub const UNREGISTERED: &str = "unregistered";
 /// How much of an error response body goes into `last_error`.
 const BODY_EXCERPT_BYTES: usize = 200;
 
+/// A dispatcher that cannot be built from its settings: the key (e.g.
+/// `dispatchers.accounts.ca_file`) and why. A configuration error like
+/// [`crate::config::ConfigError`]'s, worded the same way.
 #[derive(Debug, thiserror::Error)]
-pub enum DispatchBuildError {
-    #[error("dispatchers.{name}: {message}")]
-    Invalid { name: String, message: String },
+#[error("invalid configuration: {key}: {message}")]
+pub struct DispatchBuildError {
+    pub key: String,
+    pub message: String,
 }
 
 /// How much of a 2xx body is read (to its end, so the connection is
@@ -78,21 +82,34 @@ impl std::fmt::Debug for Dispatcher {
 }
 
 impl Dispatcher {
+    /// Builds the dispatcher `name`: the check of its URL, headers, TLS
+    /// files and signing secrets (the settings checked the rest when they
+    /// loaded). Each error names the key.
     pub fn new(name: &str, settings: &DispatcherSettings) -> Result<Self, DispatchBuildError> {
-        let invalid = |message: String| DispatchBuildError::Invalid {
-            name: name.to_owned(),
+        let invalid = |key: &str, message: String| DispatchBuildError {
+            key: format!("dispatchers.{name}.{key}"),
             message,
         };
-        let url = reqwest::Url::parse(&settings.url).map_err(|e| {
-            let shown = crate::config::secret_free_url(&settings.url);
-            invalid(format!("url {shown:?}: {e}"))
-        })?;
+        let url = match reqwest::Url::parse(&settings.url) {
+            Ok(u) if u.scheme() == "http" || u.scheme() == "https" => u,
+            Ok(u) => {
+                return Err(invalid(
+                    "url",
+                    format!("scheme {:?} is not http or https", u.scheme()),
+                ))
+            }
+            Err(e) => {
+                let shown = crate::config::secret_free_url(&settings.url);
+                return Err(invalid("url", format!("{shown:?} is not a URL: {e}")));
+            }
+        };
         let mut headers = HeaderMap::new();
         for (k, v) in &settings.headers {
+            let key = format!("headers.{k}");
             let name = HeaderName::from_bytes(k.as_bytes())
-                .map_err(|_| invalid(format!("headers.{k}: not a header name")))?;
+                .map_err(|_| invalid(&key, "is not a valid HTTP header name".to_owned()))?;
             let mut value = HeaderValue::from_str(v.expose())
-                .map_err(|_| invalid(format!("headers.{k}: not a header value")))?;
+                .map_err(|_| invalid(&key, "is not a valid HTTP header value".to_owned()))?;
             value.set_sensitive(true);
             headers.insert(name, value);
         }
@@ -105,10 +122,10 @@ impl Dispatcher {
             .collect();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         // No cap on idle connections (reqwest's default): the in-flight
-        // limit bounds how many are ever open, and a cap below it (this
-        // was 256) closes a connection whenever more than that many are
-        // idle at once, so a replica with `max_in_flight` above the cap
-        // would reconnect instead of reusing.
+        // limit bounds how many are ever open, and a cap below it closes a
+        // connection whenever more than that many are idle at once, so a
+        // replica with `max_in_flight` above the cap would reconnect
+        // instead of reusing.
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(settings.timeout);
@@ -116,20 +133,23 @@ impl Dispatcher {
             .signing_secret_file
             .as_deref()
             .map(|path| {
-                sign::Signer::load(&format!("dispatchers.{name}.signing_secret_file"), path)
+                let key = format!("dispatchers.{name}.signing_secret_file");
+                sign::Signer::load(&key, path).map_err(|e| DispatchBuildError {
+                    message: e.strip_prefix(&format!("{key}: ")).unwrap_or(&e).to_owned(),
+                    key,
+                })
             })
-            .transpose()
-            .map_err(|e| DispatchBuildError::Invalid {
-                name: name.to_owned(),
-                message: e
-                    .strip_prefix(&format!("dispatchers.{name}."))
-                    .unwrap_or(&e)
-                    .to_owned(),
-            })?;
+            .transpose()?;
         let client = tls::configure(client, settings)
-            .map_err(|e| invalid(format!("{}: {}", e.key, e.message)))?
+            .map_err(|e| invalid(e.key, e.message))?
             .build()
-            .map_err(|e| invalid(format!("HTTP client: {e}")))?;
+            .map_err(|e| match tls::build_error(settings, &e) {
+                Some(tls) => invalid(tls.key, tls.message),
+                None => DispatchBuildError {
+                    key: format!("dispatchers.{name}"),
+                    message: format!("cannot build the HTTP client: {e}"),
+                },
+            })?;
         Ok(Self {
             name: name.to_owned(),
             url,
@@ -465,7 +485,74 @@ impl Registry {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::config::Settings;
+
+    /// The error of building the registry of `[dispatchers.accounts]` with
+    /// `url` and `extra` settings (the settings themselves load).
+    fn build_error_with(url: &str, extra: &str) -> String {
+        let s = Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[dispatchers.accounts]\n\
+                 url = {url:?}\nevents = [\"a\"]\n{extra}\n"
+            )),
+            BTreeMap::new(),
+        )
+        .expect("the settings load");
+        Registry::from_settings(&s.dispatchers)
+            .expect_err(extra)
+            .to_string()
+    }
+
+    fn build_error(extra: &str) -> String {
+        build_error_with("https://accounts", extra)
+    }
+
+    #[test]
+    fn a_dispatcher_that_cannot_be_built_is_refused_naming_the_key() {
+        assert_eq!(
+            build_error_with("ftp://a", ""),
+            "invalid configuration: dispatchers.accounts.url: scheme \"ftp\" is not http or https"
+        );
+        // An unparseable URL is refused without quoting its secret.
+        let e = build_error_with("https://user:upw-6@[bad/hook", "");
+        assert!(
+            e.starts_with("invalid configuration: dispatchers.accounts.url: ")
+                && e.contains("is not a URL")
+                && !e.contains("upw-6"),
+            "{e}"
+        );
+        assert_eq!(
+            build_error("[dispatchers.accounts.headers]\n\"x y\" = \"v\""),
+            "invalid configuration: dispatchers.accounts.headers.x y: is not a valid HTTP header name"
+        );
+        assert_eq!(
+            build_error("[dispatchers.accounts.headers]\nx-key = \"a\\nb\""),
+            "invalid configuration: dispatchers.accounts.headers.x-key: is not a valid HTTP header value"
+        );
+        let e = build_error("ca_file = \"/nonexistent/ca.pem\"");
+        assert!(
+            e.starts_with(
+                "invalid configuration: dispatchers.accounts.ca_file: cannot read /nonexistent/ca.pem:"
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            build_error("client_cert_file = \"/nonexistent/c.pem\""),
+            "invalid configuration: dispatchers.accounts.client_key_file: must be set together with \
+             client_cert_file"
+        );
+        let e = build_error("signing_secret_file = \"/nonexistent/secrets\"");
+        assert!(
+            e.starts_with(
+                "invalid configuration: dispatchers.accounts.signing_secret_file: cannot read \
+                 /nonexistent/secrets:"
+            ),
+            "{e}"
+        );
+    }
 
     #[test]
     fn retry_after_is_seconds_or_an_http_date() {

@@ -2,12 +2,13 @@
 //! certificate for mTLS (`client_cert_file` + `client_key_file`) and a
 //! minimum protocol version (`min_tls_version`).
 //!
-//! The files are read and checked when the settings load, so a wrong path
-//! or a file that is not PEM stops start-up naming the key (exit code 2);
-//! the client is built from them again when the registry is. reqwest's
-//! `rustls` feature compiles in aws-lc-rs and reqwest picks it explicitly
-//! when no process-wide provider is installed, so building a client never
-//! depends on rustls guessing a provider (`ring` is compiled in too).
+//! The files are read and checked when the dispatcher is built (every
+//! command builds the registry right after loading the settings), so a
+//! wrong path or a file that is not PEM stops start-up naming the key
+//! (exit code 2). reqwest's `rustls` feature compiles in aws-lc-rs and
+//! reqwest picks it explicitly when no process-wide provider is installed,
+//! so building a client never depends on rustls guessing a provider
+//! (`ring` is compiled in too).
 
 use std::path::Path;
 
@@ -123,26 +124,25 @@ fn contains_pem(pem: &[u8], label: &str) -> bool {
         .any(|l| l.starts_with("-----BEGIN ") && l.trim_end().ends_with(&format!("{label}-----")))
 }
 
-/// Whether the dispatcher's TLS settings can build a client: the check the
-/// settings run at load. A key that the client refuses (e.g. not matching
-/// the certificate) is reported under `client_key_file`.
-pub fn check(settings: &DispatcherSettings) -> Result<(), TlsError> {
+/// Why a client with the dispatcher's TLS settings could not be built,
+/// under the key most likely at fault: a key that the client refuses
+/// (e.g. not matching the certificate) is reported under
+/// `client_key_file`. `None` when the dispatcher has no TLS settings.
+pub fn build_error(settings: &DispatcherSettings, e: &reqwest::Error) -> Option<TlsError> {
     if !uses_tls_settings(settings) {
-        return Ok(());
+        return None;
     }
-    configure(reqwest::Client::builder(), settings)?
-        .build()
-        .map(drop)
-        .map_err(|e| {
-            let key = if settings.client_cert_file.is_some() {
-                "client_key_file"
-            } else if settings.ca_file.is_some() {
-                "ca_file"
-            } else {
-                "min_tls_version"
-            };
-            TlsError::new(key, format!("cannot build the TLS client: {}", deepest(&e)))
-        })
+    let key = if settings.client_cert_file.is_some() {
+        "client_key_file"
+    } else if settings.ca_file.is_some() {
+        "ca_file"
+    } else {
+        "min_tls_version"
+    };
+    Some(TlsError::new(
+        key,
+        format!("cannot build the TLS client: {}", deepest(e)),
+    ))
 }
 
 fn uses_tls_settings(s: &DispatcherSettings) -> bool {

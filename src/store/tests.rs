@@ -1,3 +1,11 @@
+use std::time::Duration;
+
+use chrono::Timelike;
+use entity::outbox_event::Column;
+use entity::{OutboxEventRow, Status};
+use sea_orm::sea_query::{Expr, ExprTrait, Order};
+use sea_orm::ConnectionTrait;
+
 use super::*;
 
 #[test]
@@ -14,15 +22,6 @@ fn last_error_is_cut_on_a_character_boundary() {
         exact,
         "exactly at the limit is kept whole"
     );
-}
-
-#[test]
-fn decision_table_status_after_a_failure() {
-    // attempts after the failure → status (max 3)
-    assert_eq!(next_status_after_failure(1, 3), Status::Pending);
-    assert_eq!(next_status_after_failure(2, 3), Status::Pending);
-    assert_eq!(next_status_after_failure(3, 3), Status::Failed);
-    assert_eq!(next_status_after_failure(1, 1), Status::Failed);
 }
 
 #[test]

@@ -163,7 +163,7 @@ async fn a_secret_that_does_not_decode_stops_start_up_naming_the_key() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("dispatchers.accounts: signing_secret_file:")
+        err.contains("invalid configuration: dispatchers.accounts.signing_secret_file:")
             && err.contains("line 1: the part after whsec_ is not base64"),
         "{err}"
     );

@@ -1,0 +1,128 @@
+//! The job's transitions one row at a time (R-004 `mark_sent!`,
+//! `register_failure!`): conditional UPDATEs that apply only while the row
+//! is as the job read it. [`super::batch`] makes the same writes for many
+//! rows at once.
+
+use chrono::NaiveDateTime;
+use entity::outbox_event::Column;
+use entity::{OutboxEventRow, Status};
+use sea_orm::sea_query::{Expr, ExprTrait, Query, UpdateStatement};
+use sea_orm::ConnectionTrait;
+
+use super::{db_err, now, Outcome, Store, StoreError};
+use crate::transition;
+
+/// `last_error` is for people: keep it to this many bytes.
+pub const MAX_LAST_ERROR_BYTES: usize = 1024;
+
+/// Cuts `error` to [`MAX_LAST_ERROR_BYTES`] on a character boundary.
+pub fn truncate_error(error: &str) -> String {
+    truncate_error_to(error, None)
+}
+
+/// Cuts `error` to [`MAX_LAST_ERROR_BYTES`] and, when given, to
+/// `max_chars` characters (a `varchar(N)` column), marking the cut.
+pub fn truncate_error_to(error: &str, max_chars: Option<usize>) -> String {
+    let marker = "…";
+    let chars = max_chars.unwrap_or(usize::MAX);
+    let fits_chars = || error.chars().nth(chars).is_none();
+    if error.len() <= MAX_LAST_ERROR_BYTES && (max_chars.is_none() || fits_chars()) {
+        return error.to_owned();
+    }
+    let mut end = MAX_LAST_ERROR_BYTES - marker.len();
+    if let Some((at, _)) = error.char_indices().nth(chars.saturating_sub(1)) {
+        end = end.min(at);
+    }
+    end = end.min(error.len());
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{marker}", &error[..end])
+}
+
+/// The columns a failure writes, as they are in `next`.
+pub(crate) fn failure_values(next: &OutboxEventRow) -> [(Column, sea_orm::Value); 4] {
+    [
+        (Column::Status, next.status.as_str().into()),
+        (Column::Attempts, next.attempts.into()),
+        (Column::LastError, next.last_error.clone().into()),
+        (Column::UpdatedAt, next.updated_at.into()),
+    ]
+}
+
+impl Store {
+    /// R-004 `mark_sent!`: `pending` → `sent`, from exactly the state `seen`.
+    pub async fn mark_sent(&self, seen: &OutboxEventRow) -> Result<Outcome, StoreError> {
+        let now = now();
+        let next = transition::after_success(seen, now);
+        let values = [
+            (Column::Status, Status::Sent.as_str().into()),
+            (Column::SentAt, now.into()),
+            (Column::UpdatedAt, now.into()),
+        ];
+        self.step(seen, next, values, "marking an event sent").await
+    }
+
+    /// R-004 `register_failure!`: one more attempt; `failed` once the
+    /// attempts reach `max_attempts`, else still `pending`.
+    pub async fn register_failure(
+        &self,
+        seen: &OutboxEventRow,
+        error: &str,
+        max_attempts: i32,
+    ) -> Result<Outcome, StoreError> {
+        let next = self.after_failure(seen, error, now(), max_attempts);
+        let values = failure_values(&next);
+        self.step(seen, next, values, "registering a failure").await
+    }
+
+    /// The row after a failed attempt of `seen`, written at `now`.
+    pub(crate) fn after_failure(
+        &self,
+        seen: &OutboxEventRow,
+        error: &str,
+        now: NaiveDateTime,
+        max_attempts: i32,
+    ) -> OutboxEventRow {
+        transition::after_failure(seen, self.truncate_error(error), now, max_attempts)
+    }
+
+    /// One transition of a pending row: `values` are written only while the
+    /// row is still `seen` (pending, same attempts); `next` is the row after.
+    async fn step(
+        &self,
+        seen: &OutboxEventRow,
+        next: OutboxEventRow,
+        values: impl IntoIterator<Item = (Column, sea_orm::Value)>,
+        action: &'static str,
+    ) -> Result<Outcome, StoreError> {
+        let stmt = self.step_statement(seen, values);
+        let res = self.db.execute(&stmt).await.map_err(db_err(action))?;
+        if res.rows_affected() == 1 {
+            return Ok(Outcome::Applied(next));
+        }
+        self.conflict(seen.id).await
+    }
+
+    /// The conditional UPDATE of [`Store::step`].
+    pub(crate) fn step_statement(
+        &self,
+        seen: &OutboxEventRow,
+        values: impl IntoIterator<Item = (Column, sea_orm::Value)>,
+    ) -> UpdateStatement {
+        Query::update()
+            .table(self.tbl())
+            .values(values.into_iter().map(|(c, v)| (c, Expr::val(v))))
+            .and_where(Expr::col(Column::Id).eq(seen.id))
+            .and_where(Expr::col(Column::Status).eq(Status::Pending.as_str()))
+            .and_where(Expr::col(Column::Attempts).eq(seen.attempts))
+            .to_owned()
+    }
+
+    async fn conflict(&self, id: i64) -> Result<Outcome, StoreError> {
+        Ok(match self.get(id).await? {
+            Some(row) => Outcome::Conflict(row),
+            None => Outcome::NotFound(id),
+        })
+    }
+}
