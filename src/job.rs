@@ -63,6 +63,11 @@ pub struct JobContext {
     /// Jobs waiting out `retry_delay` (they hold no slot); the consumer
     /// starts that many more jobs, within its bound.
     pub waiting: AtomicUsize,
+    /// Jobs waiting for their dispatcher's rate limit (no slot held): not
+    /// counted against the job limit, so a limited dispatcher's backlog
+    /// does not keep other dispatchers' events from starting; their
+    /// payload bytes still count against the consumer's memory bound.
+    pub throttled: AtomicUsize,
     /// Signalled when a job starts waiting: a slot may be free for a row
     /// the consumer holds ready.
     pub wait_started: Notify,
@@ -84,6 +89,11 @@ impl JobContext {
     ) -> Self {
         let registry = registry.with_table(store.table());
         registry.count_signing_failures(&metrics);
+        for (name, _) in registry.shares() {
+            metrics
+                .dispatcher_throttled_seconds_total
+                .with_label_values(&[&name]);
+        }
         let series = registry
             .event_names()
             .map(|name| {
@@ -110,6 +120,7 @@ impl JobContext {
             abort: CancellationToken::new(),
             slots: Arc::new(Semaphore::new(max_in_flight)),
             waiting: AtomicUsize::new(0),
+            throttled: AtomicUsize::new(0),
             wait_started: Notify::new(),
         }
     }
@@ -122,6 +133,27 @@ impl JobContext {
     /// Jobs currently waiting for their next attempt.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
+    }
+
+    pub fn throttled(&self) -> usize {
+        self.throttled.load(Ordering::Relaxed)
+    }
+}
+
+/// Counts a job as waiting for its dispatcher's rate limit while it lives.
+struct Throttled<'a>(&'a JobContext);
+
+impl<'a> Throttled<'a> {
+    fn new(ctx: &'a JobContext) -> Self {
+        ctx.throttled.fetch_add(1, Ordering::Relaxed);
+        ctx.wait_started.notify_one();
+        Throttled(ctx)
+    }
+}
+
+impl Drop for Throttled<'_> {
+    fn drop(&mut self) {
+        self.0.throttled.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -221,6 +253,23 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                     Err(end) => return end,
                 },
             };
+            // The dispatcher's rate limit: waited for in line, with no
+            // slot held, counted as waiting so other dispatchers' events
+            // still start.
+            if let Some((d, throttle)) = dispatcher
+                .and_then(|_| ctx.registry.get(&row.event_name))
+                .and_then(|d| d.throttle().map(|t| (d, t)))
+            {
+                let _throttled = Throttled::new(&ctx);
+                let waited = tokio::select! {
+                    _ = lease.cancelled() => return JobEnd::Cancelled,
+                    waited = throttle.wait() => waited,
+                };
+                ctx.metrics
+                    .dispatcher_throttled_seconds_total
+                    .with_label_values(&[d.name()])
+                    .inc_by(waited.as_secs_f64());
+            }
             // Both held until this attempt's status is written.
             let _slot = tokio::select! {
                 biased;

@@ -68,6 +68,8 @@ pub struct Metrics {
     pub status_writes_given_up_total: IntCounterVec,
     pub history_writes_failed_total: prometheus::IntCounter,
     pub signing_secret_reload_failures_total: IntCounterVec,
+    /// Seconds jobs waited for their dispatcher's rate limit.
+    pub dispatcher_throttled_seconds_total: prometheus::CounterVec,
     pub consumer_errors_total: IntCounterVec,
     /// What `/readyz` answers, for clusters that do not probe it (the
     /// shipped Deployment): set on every scrape.
@@ -239,6 +241,15 @@ impl Metrics {
             &["dispatcher"],
         ));
         reg(Box::new(signing_secret_reload_failures_total.clone()));
+        let dispatcher_throttled_seconds_total = must(prometheus::CounterVec::new(
+            Opts::new(
+                "outbox_dispatcher_throttled_seconds_total",
+                "Seconds events waited for their dispatcher's rate limit (this replica's share of \
+                 rate), summed over the events waiting; no attempt used, no send slot held",
+            ),
+            &["dispatcher"],
+        ));
+        reg(Box::new(dispatcher_throttled_seconds_total.clone()));
         let consumer_errors_total = must(IntCounterVec::new(
             Opts::new(
                 "outbox_consumer_errors_total",
@@ -358,6 +369,7 @@ impl Metrics {
             status_writes_given_up_total,
             history_writes_failed_total,
             signing_secret_reload_failures_total,
+            dispatcher_throttled_seconds_total,
             consumer_errors_total,
             dead_letters_in_flight,
             ready,

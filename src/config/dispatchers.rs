@@ -86,6 +86,15 @@ pub struct DispatcherSettings {
     /// line, each signing every request; read again when it changes.
     #[serde(default)]
     pub signing_secret_file: Option<PathBuf>,
+    /// The receiver's limit for the whole group: `"200/s"`, `"3000/m"` or
+    /// `"10000/h"`; each replica sends at its share by the partitions it
+    /// owns. Unset: no limit.
+    #[serde(default)]
+    pub rate: Option<String>,
+    /// Requests the limit lets go at once (the group's); unset: a tenth of
+    /// a second's worth, at least 1.
+    #[serde(default)]
+    pub burst: Option<u32>,
 }
 
 /// The form of the `Idempotency-Key` header.
@@ -130,6 +139,8 @@ impl std::fmt::Debug for DispatcherSettings {
             .field("max_retry_after", &self.max_retry_after)
             .field("idempotency_key", &self.idempotency_key)
             .field("signing_secret_file", &self.signing_secret_file)
+            .field("rate", &self.rate)
+            .field("burst", &self.burst)
             .finish()
     }
 }

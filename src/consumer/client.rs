@@ -43,8 +43,13 @@ pub(super) type Kafka = StreamConsumer<SidecarContext>;
 /// What the rebalance callback tells the loop, in the order it happened.
 pub(super) enum GroupEvent {
     /// Partitions assigned (all of them under the eager protocol, the
-    /// added ones under the cooperative one); their leases exist.
-    Assign(Vec<i32>),
+    /// added ones under the cooperative one); their leases exist. `total`:
+    /// the topic's partitions, from the broker's metadata at the assign
+    /// (`None` when it did not answer in time).
+    Assign {
+        parts: Vec<i32>,
+        total: Option<usize>,
+    },
     /// `hand_off`: a cooperative revoke; the partitions are still
     /// librdkafka's to fetch, and the loop gives them up once the
     /// revocation's wait ended. Otherwise they are already given up.
@@ -53,6 +58,9 @@ pub(super) enum GroupEvent {
         hand_off: Option<Revocation>,
     },
 }
+
+/// How long an assign waits for the topic's metadata (its partition count).
+const METADATA_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The consumer's client context.
 pub(super) struct SidecarContext {
@@ -197,7 +205,19 @@ impl ConsumerContext for SidecarContext {
                 }
                 let parts = self.partitions(tpl);
                 self.group.assigned(&parts);
-                let _ = self.events.send(GroupEvent::Assign(parts));
+                // The topic's size sets each rate limit's share; a short
+                // metadata request, made once per rebalance.
+                let total = consumer
+                    .fetch_metadata(Some(&self.topic), METADATA_TIMEOUT)
+                    .ok()
+                    .and_then(|m| {
+                        m.topics()
+                            .iter()
+                            .find(|t| t.name() == self.topic)
+                            .map(|t| t.partitions().len())
+                    })
+                    .filter(|n| *n > 0);
+                let _ = self.events.send(GroupEvent::Assign { parts, total });
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let parts = self.partitions(tpl);

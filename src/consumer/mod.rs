@@ -31,7 +31,7 @@ pub mod offsets;
 pub mod schedule;
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -119,6 +119,8 @@ pub struct Pipeline {
     /// Cooperative hand-offs whose wait ended: the partitions to give up.
     hand_offs: mpsc::UnboundedSender<Held>,
     hand_offs_rx: mpsc::UnboundedReceiver<Held>,
+    /// The topic's partitions, from the last assign's metadata (0: unknown).
+    topic_partitions: AtomicUsize,
 }
 
 impl Drop for Pipeline {
@@ -191,6 +193,7 @@ impl Pipeline {
             group,
             hand_offs,
             hand_offs_rx,
+            topic_partitions: AtomicUsize::new(0),
         })
     }
 
@@ -225,7 +228,7 @@ impl Pipeline {
             for read in sched.take_reads(now) {
                 self.spawn_read(read, replies.read_tx.clone());
             }
-            for start in sched.take_starts(self.ctx.waiting()) {
+            for start in sched.take_starts(self.ctx.waiting(), self.ctx.throttled()) {
                 self.spawn_job(start, replies.done_tx.clone());
             }
             client::store_offsets(&self.consumer, sched.take_commits());
@@ -277,9 +280,12 @@ impl Pipeline {
 
     fn group_event(&self, sched: &mut Scheduler, ev: GroupEvent) {
         match ev {
-            GroupEvent::Assign(parts) => {
+            GroupEvent::Assign { parts, total } => {
                 for p in &parts {
                     info!(partition = p, "partition assigned");
+                }
+                if let Some(total) = total {
+                    self.topic_partitions.store(total, Ordering::Relaxed);
                 }
                 self.health.joined.store(true, Ordering::Relaxed);
                 // The whole assignment starts unpaused (an incremental assign
@@ -299,6 +305,27 @@ impl Pipeline {
                 }
             }
         }
+        self.set_shares(sched);
+    }
+
+    /// Each rate-limited dispatcher takes this replica's share: the
+    /// partitions it owns of the topic's. Without the topic's size from
+    /// the broker the highest partition owned stands in for it (the share
+    /// may then be too large: said at WARN).
+    fn set_shares(&self, sched: &Scheduler) {
+        let owned = sched.partitions();
+        let highest = owned.iter().max().map_or(0, |p| *p as usize + 1);
+        let known = self.topic_partitions.load(Ordering::Relaxed);
+        if known == 0 && !owned.is_empty() {
+            warn!(
+                topic = %self.topic,
+                "the topic's partition count is unknown (no metadata at the assign): rate limits \
+                 take the share of the highest partition owned, which may exceed this replica's"
+            );
+        }
+        self.ctx
+            .registry
+            .set_shares(owned.len(), known.max(highest));
     }
 
     /// Gives cooperatively revoked partitions up once their wait ended.

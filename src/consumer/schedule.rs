@@ -629,11 +629,14 @@ impl Scheduler {
     // ---- jobs ----
 
     /// Jobs to start now, up to the job limit (`waiting`: jobs waiting out
-    /// `retry_delay`, which hold no in-flight slot).
-    pub fn take_starts(&mut self, waiting: usize) -> Vec<Start> {
+    /// `retry_delay`, which hold no in-flight slot; `throttled`: jobs
+    /// waiting for their dispatcher's rate limit, which take no place in
+    /// the limit at all, only their bytes in the memory bound).
+    pub fn take_starts(&mut self, waiting: usize, throttled: usize) -> Vec<Start> {
         let mut out = Vec::new();
         let job_budget = self.limits.max_buffered_bytes / 2;
-        while self.running < max_jobs(self.limits.max_in_flight, waiting) {
+        let limit = max_jobs(self.limits.max_in_flight, waiting).saturating_add(throttled);
+        while self.running < limit {
             let Some(&(_, _, bytes)) = self.ready.front() else {
                 break;
             };

@@ -109,7 +109,7 @@ fn a_pending_row_becomes_a_job_and_its_end_commits_the_message() {
     let mut h = Harness::new(4);
     let pos = h.message(0, &trig(1, 0, 0));
     assert_eq!(h.answer(vec![pending(1)]).ids, vec![1]);
-    let starts = h.s.take_starts(0);
+    let starts = h.s.take_starts(0, 0);
     assert_eq!(starts.len(), 1);
     assert_eq!(starts[0].row.id, 1);
     assert_eq!(h.commit(0), Some(0), "not committed while the job runs");
@@ -123,7 +123,7 @@ fn triggers_for_a_running_id_wait_and_are_decided_once_from_the_database() {
     let mut h = Harness::new(4);
     let first = h.message(0, &trig(1, 0, 0));
     h.answer(vec![pending(1)]);
-    let job = h.s.take_starts(0).remove(0);
+    let job = h.s.take_starts(0, 0).remove(0);
     // Two echoes of the job's own writes arrive while it runs.
     h.message(1, &trig(1, 1, 10));
     h.message(2, &trig(1, 2, 20));
@@ -145,7 +145,7 @@ fn triggers_for_a_running_id_wait_and_are_decided_once_from_the_database() {
     assert_eq!(read.ids, vec![1]);
     assert_eq!(h.skips("stale"), 1);
     assert_eq!(h.commit(0), Some(3), "every echo is finished");
-    assert!(h.s.take_starts(0).is_empty());
+    assert!(h.s.take_starts(0, 0).is_empty());
 }
 
 /// A resend committed while a job of the same id runs, not yet visible
@@ -156,7 +156,7 @@ fn a_deferred_resend_not_yet_visible_is_waited_for_not_dropped() {
     let mut h = Harness::new(4);
     let first = h.message(0, &trig(1, 0, 0));
     h.answer(vec![pending(1)]);
-    let job = h.s.take_starts(0).remove(0);
+    let job = h.s.take_starts(0, 0).remove(0);
     // The job's own failure (attempt 3, failed at 30 ms), then an operator's
     // resend (pending, 0 attempts, at 40 ms), both while the job runs.
     h.message(1, &trig(1, 3, 30));
@@ -168,11 +168,11 @@ fn a_deferred_resend_not_yet_visible_is_waited_for_not_dropped() {
     h.answer(vec![RowRead::Row(failed)]);
     assert_eq!(h.skips("stale"), 0, "the resend's event is not dropped");
     assert_eq!(h.commit(0), Some(2), "the resend's message waits");
-    assert!(h.s.take_starts(0).is_empty());
+    assert!(h.s.take_starts(0, 0).is_empty());
     // The resend becomes visible: it is sent.
     h.now = h.s.next_wakeup().expect("a re-read is scheduled");
     h.answer(vec![RowRead::Row(row(1, Status::Pending, 0, 40))]);
-    let job = h.s.take_starts(0);
+    let job = h.s.take_starts(0, 0);
     assert_eq!(job.len(), 1, "the resend is sent");
     h.s.job_ended(1, job[0].serial, &job[0].pos, true, h.now);
     assert_eq!(h.commit(0), Some(3));
@@ -186,14 +186,14 @@ fn a_row_not_yet_visible_is_read_again_and_sent_when_it_appears() {
     h.answer(vec![]);
     assert_eq!(h.skips("row_missing"), 0, "not given up");
     assert_eq!(h.commit(0), Some(0), "the offset waits for the row");
-    assert!(h.s.take_starts(0).is_empty());
+    assert!(h.s.take_starts(0, 0).is_empty());
     let due = h.s.next_wakeup().expect("a re-read is scheduled");
     assert!(due > h.now && due <= h.now + Duration::from_secs(2));
     assert!(h.s.take_reads(h.now).is_empty(), "not before it is due");
     h.now = due;
     h.answer(vec![pending(7)]);
     assert_eq!(h.metrics.cdc_rows_visible_late_total.get(), 1);
-    let job = h.s.take_starts(0);
+    let job = h.s.take_starts(0, 0);
     assert_eq!(job.len(), 1, "the late row is sent");
     h.s.job_ended(7, job[0].serial, &job[0].pos, true, h.now);
     assert_eq!(h.commit(0), Some(2));
@@ -231,7 +231,7 @@ fn a_row_older_than_its_event_is_read_again() {
     );
     h.now = h.s.next_wakeup().unwrap();
     h.answer(vec![RowRead::Row(row(3, Status::Pending, 0, 100))]);
-    assert_eq!(h.s.take_starts(0).len(), 1);
+    assert_eq!(h.s.take_starts(0, 0).len(), 1);
     // Without updated_at, fewer attempts than the event's is older.
     let older = Expect {
         attempts: Some(2),
@@ -247,7 +247,7 @@ fn an_older_pending_row_is_sent_at_the_bound_not_dropped() {
     let mut h = Harness::new(4);
     h.message(0, &trig(3, 1, 5_000));
     h.answer(vec![RowRead::Row(row(3, Status::Pending, 1, 0))]);
-    while h.s.take_starts(0).is_empty() {
+    while h.s.take_starts(0, 0).is_empty() {
         h.now = h.s.next_wakeup().expect("re-read scheduled");
         h.answer(vec![RowRead::Row(row(3, Status::Pending, 1, 0))]);
     }
@@ -295,7 +295,7 @@ fn an_undecodable_row_is_skipped_and_its_neighbours_go_on() {
         pending(3),
     ]);
     assert_eq!(h.skips("undecodable_row"), 1);
-    let ids: Vec<i64> = h.s.take_starts(0).iter().map(|s| s.row.id).collect();
+    let ids: Vec<i64> = h.s.take_starts(0, 0).iter().map(|s| s.row.id).collect();
     assert_eq!(ids, vec![1, 3]);
 }
 
@@ -318,7 +318,7 @@ fn a_failed_read_is_made_again_and_leaves_the_loop_free() {
     assert_eq!(h.skips("row_missing"), 0);
     h.now = h.s.next_wakeup().unwrap();
     h.answer(vec![pending(1)]);
-    assert_eq!(h.s.take_starts(0).len(), 1);
+    assert_eq!(h.s.take_starts(0, 0).len(), 1);
 }
 
 #[test]
@@ -371,7 +371,7 @@ fn an_incremental_assign_keeps_the_partitions_already_held() {
     let mut h = Harness::new(4);
     let pos = h.message(0, &trig(1, 0, 0));
     h.answer(vec![pending(1)]);
-    let job = h.s.take_starts(0).remove(0);
+    let job = h.s.take_starts(0, 0).remove(0);
     // Cooperative: partition 2 is added; 0 and 1 stay as they are (an
     // assign of a partition already held changes nothing either).
     h.s.assign(&[2]);
@@ -400,7 +400,7 @@ fn an_incremental_revoke_leaves_the_kept_partitions_alone() {
         let rows = read.ids.iter().map(|&id| pending(id)).collect();
         h.s.rows_read(read.ticket, Ok(rows), h.now);
     }
-    let starts = h.s.take_starts(0);
+    let starts = h.s.take_starts(0, 0);
     assert_eq!(starts.len(), 2);
     h.s.revoke(&[1]);
     assert_eq!(h.s.partitions(), vec![0]);
@@ -418,7 +418,7 @@ fn a_revoke_drops_what_waits_and_a_late_job_end_is_harmless() {
     h.message(1, &trig(2, 0, 0));
     h.message(2, &trig(3, 0, 0));
     h.answer(vec![pending(1), pending(2)]);
-    let job = h.s.take_starts(0);
+    let job = h.s.take_starts(0, 0);
     assert_eq!(job.len(), 2, "max_in_flight 1 → 2 jobs");
     h.s.revoke(&[0]);
     assert_eq!(h.s.held(), 0, "the missing row's re-read is dropped");
@@ -441,7 +441,7 @@ fn a_job_that_ends_unfinished_frees_its_id_and_keeps_its_message() {
     let mut h = Harness::new(4);
     let pos = h.message(0, &trig(1, 0, 0));
     h.answer(vec![pending(1)]);
-    let job = h.s.take_starts(0).remove(0);
+    let job = h.s.take_starts(0, 0).remove(0);
     h.s.job_ended(1, job.serial, &pos, false, h.now);
     assert_eq!(h.commit(0), Some(0));
     assert!(h.s.busy_ids().is_empty());
@@ -456,11 +456,28 @@ fn jobs_are_started_up_to_the_limit() {
         h.message(i, &trig(i + 1, 0, 0));
     }
     h.answer((1..=10).map(pending).collect());
-    assert_eq!(h.s.take_starts(0).len(), max_jobs(2, 0));
-    assert!(h.s.take_starts(0).is_empty());
+    assert_eq!(h.s.take_starts(0, 0).len(), max_jobs(2, 0));
+    assert!(h.s.take_starts(0, 0).is_empty());
     // Jobs waiting out retry_delay hold no slot: more may start.
-    assert_eq!(h.s.take_starts(3).len(), 3);
+    assert_eq!(h.s.take_starts(3, 0).len(), 3);
     assert_eq!(max_jobs(2, 100), 4 + 2 * WAITING_PER_SLOT);
+}
+
+#[test]
+fn jobs_waiting_for_a_rate_limit_take_no_place_in_the_limit() {
+    let mut h = Harness::new(1);
+    for i in 0..16 {
+        h.message(i, &trig(i + 1, 0, 0));
+    }
+    h.answer((1..=16).map(pending).collect());
+    assert_eq!(h.s.take_starts(0, 0).len(), max_jobs(1, 0));
+    assert!(h.s.take_starts(0, 0).is_empty());
+    // However many wait for a limit, as many more may start (a waiting
+    // cap, as for retry waits, would let a limited dispatcher's backlog
+    // keep every other dispatcher's events from starting).
+    assert_eq!(h.s.take_starts(0, 10).len(), 10);
+    assert_eq!(h.s.take_starts(0, 10).len(), 0);
+    assert_eq!(h.s.take_starts(0, 15).len(), 16 - 12);
 }
 
 #[test]
@@ -539,7 +556,7 @@ fn large_payloads_are_bounded_by_bytes_not_rows() {
             );
         }
         // Jobs take at most half the budget (one always runs).
-        let jobs = h.s.take_starts(0);
+        let jobs = h.s.take_starts(0, 0);
         let job_bytes: usize = jobs.iter().map(|s| payload_bytes(&s.row.payload)).sum();
         assert!(job_bytes <= budget / 2 + (210 << 10), "{job_bytes}");
         if h.s.holding() {

@@ -69,6 +69,8 @@ pub struct Dispatcher {
     idempotency_key: crate::config::IdempotencyKey,
     /// Standard Webhooks signatures, when `signing_secret_file` is set.
     signer: Option<sign::Signer>,
+    /// This replica's share of the group's `rate`, when set.
+    throttle: Option<rate::Throttle>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -140,6 +142,22 @@ impl Dispatcher {
                 })
             })
             .transpose()?;
+        let throttle = match &settings.rate {
+            None if settings.burst.is_some() => {
+                return Err(invalid("burst", "needs rate to be set".to_owned()))
+            }
+            None => None,
+            Some(r) => Some(rate::Throttle::new(
+                rate::Rate::parse(r, settings.burst).map_err(|e| {
+                    let key = if e.starts_with("burst") {
+                        "burst"
+                    } else {
+                        "rate"
+                    };
+                    invalid(key, e)
+                })?,
+            )),
+        };
         let client = tls::configure(client, settings)
             .map_err(|e| invalid(e.key, e.message))?
             .build()
@@ -162,11 +180,17 @@ impl Dispatcher {
                 .then_some(settings.max_retry_after),
             idempotency_key: settings.idempotency_key,
             signer,
+            throttle,
         })
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The dispatcher's rate limit on this replica, when it has one.
+    pub fn throttle(&self) -> Option<&rate::Throttle> {
+        self.throttle.as_ref()
     }
 
     /// POSTs the row's payload, its text byte for byte; `attempt` is
@@ -435,6 +459,28 @@ impl Registry {
     pub fn with_table(mut self, table: &str) -> Self {
         self.table = Some(table.to_owned());
         self
+    }
+
+    /// Each rate-limited dispatcher takes its share of its limit for a
+    /// replica owning `owned` of the topic's `total` partitions.
+    pub fn set_shares(&self, owned: usize, total: usize) {
+        for d in self.by_event.values() {
+            if let Some(t) = &d.throttle {
+                t.set_share(owned, total);
+            }
+        }
+    }
+
+    /// Each dispatcher's limit and this replica's share of it.
+    pub fn shares(&self) -> Vec<(String, rate::ShareView)> {
+        let mut out: Vec<_> = self
+            .by_event
+            .values()
+            .filter_map(|d| d.throttle.as_ref().map(|t| (d.name.clone(), t.view())))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.dedup_by(|a, b| a.0 == b.0);
+        out
     }
 
     pub fn get(&self, event_name: &str) -> Option<&Arc<Dispatcher>> {
