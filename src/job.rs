@@ -41,6 +41,7 @@ use crate::metrics::{EventSeries, Metrics};
 use crate::store::batch::{RowReader, Sent, StatusWriter};
 use crate::store::history::Attempt;
 use crate::store::{Outcome, RowRead, Store, StoreError};
+use crate::transition;
 
 /// What a job needs, shared by all jobs.
 pub struct JobContext {
@@ -107,7 +108,6 @@ impl JobContext {
             unregistered,
             status_writer: StatusWriter::spawn_counting(
                 store.clone(),
-                max_attempts,
                 Some(metrics.history_writes_failed_total.clone()),
             ),
             row_reader: RowReader::spawn(store.clone()),
@@ -205,7 +205,7 @@ impl JobEnd {
     }
 }
 
-pub use crate::transition::due_at;
+pub use transition::due_at;
 
 pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease>) -> JobEnd {
     let span = tracing::info_span!(
@@ -344,8 +344,9 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
             match delivery {
                 Delivery::Delivered { status, .. } => {
                     series.success.inc();
+                    let next = transition::after_success(&row, crate::store::now());
                     let written = write(&ctx, "sent", || {
-                        ctx.status_writer.mark_sent(&row, record.as_ref())
+                        ctx.status_writer.mark_sent(&row, &next, record.as_ref())
                     })
                     .await;
                     return match written {
@@ -356,7 +357,11 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                             JobEnd::Sent
                         }
                         // Our own write may have committed before its reply was lost.
-                        Ok(Sent::Conflict(found)) if found.status == Status::Sent => JobEnd::Sent,
+                        Ok(Sent::Conflict(found)) if transition::is_own_write(&next, &found) => {
+                            series.to_sent.inc();
+                            info!(attempt, http_status = status, "pending -> sent");
+                            JobEnd::Sent
+                        }
                         Ok(Sent::Conflict(found)) => {
                             warn!(found = %found.status, "row changed during dispatch");
                             JobEnd::Conflict(found.status)
@@ -374,36 +379,39 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                 }
             }
             if let Some(error) = failed {
-                    series.failure.inc();
-                    let expected_error = ctx.store.truncate_error(&error);
-                    let written = write(&ctx, "failure", || {
-                        ctx.status_writer
-                            .register_failure(&row, &error, record.as_ref())
-                    })
-                    .await;
-                    let next = match written {
-                        Err(end) => return end,
-                        Ok(Outcome::Applied(next)) => next,
-                        Ok(Outcome::Conflict(found))
-                            if found.attempts == row.attempts + 1
-                                && found.last_error.as_deref() == Some(expected_error.as_str()) =>
-                        {
-                            found
-                        }
-                        Ok(Outcome::Conflict(found)) => {
-                            warn!(found = %found.status, "row changed during dispatch");
-                            return JobEnd::Conflict(found.status);
-                        }
-                        Ok(Outcome::NotFound(_)) => return JobEnd::Conflict(Status::Pending),
-                    };
-                    series.to(next.status).inc();
-                    if next.status == Status::Failed {
-                        warn!(attempt, last_error = %error, "pending -> failed");
-                        return JobEnd::Failed;
+                series.failure.inc();
+                let next = transition::after_failure(
+                    &row,
+                    ctx.store.truncate_error(&error),
+                    crate::store::now(),
+                    ctx.max_attempts,
+                );
+                let written = write(&ctx, "failure", || {
+                    ctx.status_writer
+                        .register_failure(&row, &next, record.as_ref())
+                })
+                .await;
+                let next = match written {
+                    Err(end) => return end,
+                    Ok(Outcome::Applied(next)) => next,
+                    // Our own write may have committed before its reply was lost.
+                    Ok(Outcome::Conflict(found)) if transition::is_own_write(&next, &found) => {
+                        found
                     }
-                    let retry_in = asked.map_or(ctx.retry_delay, |a| a.max(ctx.retry_delay));
-                    warn!(attempt, last_error = %error, ?retry_in, "attempt failed");
-                    row = next;
+                    Ok(Outcome::Conflict(found)) => {
+                        warn!(found = %found.status, "row changed during dispatch");
+                        return JobEnd::Conflict(found.status);
+                    }
+                    Ok(Outcome::NotFound(_)) => return JobEnd::Conflict(Status::Pending),
+                };
+                series.to(next.status).inc();
+                if next.status == Status::Failed {
+                    warn!(attempt, last_error = %error, "pending -> failed");
+                    return JobEnd::Failed;
+                }
+                let retry_in = asked.map_or(ctx.retry_delay, |a| a.max(ctx.retry_delay));
+                warn!(attempt, last_error = %error, ?retry_in, "attempt failed");
+                row = next;
             }
         }
     }

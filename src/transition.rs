@@ -1,7 +1,9 @@
 //! R-004's decision table as pure functions (CONTRACT §3): what a success,
 //! a failure and a resend make of a row, and when its next attempt is due.
-//! The store's conditional writes, the batched status writer and the job
-//! all take their next state from here; nothing here does I/O.
+//! The rule is said here only: the job computes each next row with these
+//! functions and the store writes the row it is given (its SQL carries
+//! these values, it computes none), on every backend alike. Nothing here
+//! does I/O.
 //!
 //! | situation      | attempts before | status after            |
 //! |----------------|-----------------|-------------------------|
@@ -10,8 +12,9 @@
 //! | failure        | max − 1         | `failed`, attempts = max|
 //! | manual resend  | failed          | `pending`, attempts 0   |
 //!
-//! The resend is one conditional UPDATE (`WHERE status = 'failed'`) in
-//! [`crate::store::Store::retry`]; it needs no computed state.
+//! Each write is conditional on the row as it was read (pending, with the
+//! attempts it had); [`is_own_write`] tells a writer whether the row it
+//! finds after a write that did not answer is its own.
 
 use std::time::Duration;
 
@@ -50,6 +53,30 @@ pub fn after_failure(
     next.last_error = Some(error);
     next.updated_at = now;
     next
+}
+
+/// The row after a resend of the failed row `seen` (R-004 `retry!`,
+/// ActiveAdmin's "Reenviar") at `now`: `pending` again, with no attempts
+/// and no error. The same for every row, so a bulk resend is one UPDATE.
+pub fn after_resend(seen: &OutboxEventRow, now: NaiveDateTime) -> OutboxEventRow {
+    let mut next = seen.clone();
+    next.status = Status::Pending;
+    next.attempts = 0;
+    next.last_error = None;
+    next.updated_at = now;
+    next
+}
+
+/// Whether `found`, the row as read after a write of `next` was refused as
+/// a conflict, is that write itself: its answer was lost after it
+/// committed and the write was made again. The status, attempts and error
+/// are compared; the timestamps are not (a `datetime(0)` or `timestamp`
+/// column keeps whole seconds).
+pub fn is_own_write(next: &OutboxEventRow, found: &OutboxEventRow) -> bool {
+    found.id == next.id
+        && found.status == next.status
+        && found.attempts == next.attempts
+        && found.last_error == next.last_error
 }
 
 /// When the next attempt of `row` is due: at once for a fresh (or resent)
@@ -102,6 +129,41 @@ mod tests {
             assert_eq!(next.updated_at, now);
         }
         assert_eq!(status_after_failure(1, 1), Status::Failed);
+    }
+
+    #[test]
+    fn a_resend_starts_over() {
+        let mut failed = row(Status::Failed, 3);
+        failed.last_error = Some("HTTP 503".into());
+        let now = failed.updated_at + chrono::Duration::seconds(1);
+        let next = after_resend(&failed, now);
+        assert_eq!(
+            (next.status, next.attempts, next.last_error, next.updated_at),
+            (Status::Pending, 0, None, now)
+        );
+    }
+
+    #[test]
+    fn a_write_is_recognised_by_what_it_wrote() {
+        let seen = row(Status::Pending, 1);
+        let now = seen.updated_at + chrono::Duration::seconds(1);
+        let failed = after_failure(&seen, "HTTP 503".into(), now, 3);
+        let sent = after_success(&seen, now);
+        assert!(is_own_write(&failed, &failed));
+        assert!(is_own_write(&sent, &sent));
+        // Whole seconds read back from a `datetime(0)` column.
+        let mut truncated = failed.clone();
+        truncated.updated_at = seen.updated_at;
+        assert!(is_own_write(&failed, &truncated));
+        // Another writer's: another error, another attempt, another status.
+        let other = after_failure(&seen, "HTTP 500".into(), now, 3);
+        assert!(!is_own_write(&failed, &other));
+        assert!(!is_own_write(
+            &failed,
+            &after_failure(&failed, "HTTP 503".into(), now, 3)
+        ));
+        assert!(!is_own_write(&failed, &sent));
+        assert!(!is_own_write(&sent, &after_success(&failed, now)));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The limits of the pipeline's parts, measured in the same run.
 
 use super::*;
+use outbox_sidecar::transition;
 
 /// A client built like `dispatch::Dispatcher`'s.
 pub(crate) fn http_client() -> Result<reqwest::Client> {
@@ -119,7 +120,8 @@ pub(crate) async fn single_row_updates(store: &Store, in_flight: usize) -> Resul
                     let Some(row) = rows.get(i) else {
                         return Ok::<_, anyhow::Error>(());
                     };
-                    match store.mark_sent(row).await? {
+                    let sent = transition::after_success(row, outbox_sidecar::store::now());
+                    match store.mark_sent(row, &sent).await? {
                         Outcome::Applied(_) => {}
                         other => bail!("mark_sent did not apply: {other:?}"),
                     }
@@ -229,7 +231,8 @@ pub(crate) async fn naive_loop(env: &Env, store: &Store, broker: &Broker, n: usi
                     )
                     .await?
                 {
-                    store.mark_sent(&row).await?;
+                    let sent = transition::after_success(&row, outbox_sidecar::store::now());
+                    store.mark_sent(&row, &sent).await?;
                 }
             }
         } else {

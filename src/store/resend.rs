@@ -9,6 +9,7 @@ use sea_orm::sea_query::{Alias, Expr, ExprTrait, Func, Order, Query, UpdateState
 use sea_orm::{ConnectionTrait, DbBackend, TransactionTrait};
 
 use super::{db_err, history, now, Store, StoreError};
+use crate::transition;
 
 /// Rows a bulk resend takes per transaction (with the attempt log on).
 pub const RESEND_CHUNK: u64 = 1000;
@@ -43,6 +44,8 @@ impl Store {
         self.resend_statement_at(now())
     }
 
+    /// The columns [`transition::after_resend`] sets, at `now`: the same
+    /// for every failed row, so one UPDATE resends many.
     fn resend_statement_at(&self, now: NaiveDateTime) -> UpdateStatement {
         Query::update()
             .table(self.tbl())
@@ -86,12 +89,7 @@ impl Store {
                 txn.execute_raw(insert).await.map_err(db_err(action))?;
             }
             txn.commit().await.map_err(db_err(action))?;
-            let mut row = before;
-            row.status = Status::Pending;
-            row.attempts = 0;
-            row.last_error = None;
-            row.updated_at = now;
-            return Ok(Ok(row));
+            return Ok(Ok(transition::after_resend(&before, now)));
         }
         txn.rollback().await.map_err(db_err(action))?;
         Ok(match self.get(id).await? {

@@ -1,16 +1,14 @@
 //! The job's transitions one row at a time (R-004 `mark_sent!`,
-//! `register_failure!`): conditional UPDATEs that apply only while the row
-//! is as the job read it. [`super::batch`] makes the same writes for many
-//! rows at once.
+//! `register_failure!`): the row [`crate::transition`] computed, written by
+//! a conditional UPDATE that applies only while the row is as the job read
+//! it. [`super::batch`] makes the same writes for many rows at once.
 
-use chrono::NaiveDateTime;
 use entity::outbox_event::Column;
 use entity::{OutboxEventRow, Status};
 use sea_orm::sea_query::{Expr, ExprTrait, Query, UpdateStatement};
 use sea_orm::ConnectionTrait;
 
-use super::{db_err, now, Outcome, Store, StoreError};
-use crate::transition;
+use super::{db_err, Outcome, Store, StoreError};
 
 /// `last_error` is for people: keep it to this many bytes.
 pub const MAX_LAST_ERROR_BYTES: usize = 1024;
@@ -40,6 +38,32 @@ pub fn truncate_error_to(error: &str, max_chars: Option<usize>) -> String {
     format!("{}{marker}", &error[..end])
 }
 
+/// The condition of one row's write: its id and the attempts it had when
+/// read (a row is written only while it is still `pending` with them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub id: i64,
+    pub attempts: i32,
+}
+
+impl From<&OutboxEventRow> for Key {
+    fn from(row: &OutboxEventRow) -> Self {
+        Key {
+            id: row.id,
+            attempts: row.attempts,
+        }
+    }
+}
+
+/// The columns a success writes, as they are in `next`.
+pub(crate) fn sent_values(next: &OutboxEventRow) -> [(Column, sea_orm::Value); 3] {
+    [
+        (Column::Status, next.status.as_str().into()),
+        (Column::SentAt, next.sent_at.into()),
+        (Column::UpdatedAt, next.updated_at.into()),
+    ]
+}
+
 /// The columns a failure writes, as they are in `next`.
 pub(crate) fn failure_values(next: &OutboxEventRow) -> [(Column, sea_orm::Value); 4] {
     [
@@ -51,63 +75,53 @@ pub(crate) fn failure_values(next: &OutboxEventRow) -> [(Column, sea_orm::Value)
 }
 
 impl Store {
-    /// R-004 `mark_sent!`: `pending` → `sent`, from exactly the state `seen`.
-    pub async fn mark_sent(&self, seen: &OutboxEventRow) -> Result<Outcome, StoreError> {
-        let now = now();
-        let next = transition::after_success(seen, now);
-        let values = [
-            (Column::Status, Status::Sent.as_str().into()),
-            (Column::SentAt, now.into()),
-            (Column::UpdatedAt, now.into()),
-        ];
+    /// R-004 `mark_sent!`: writes `next` (what
+    /// [`crate::transition::after_success`] made of `seen`) while the row
+    /// is still as `seen` was read.
+    pub async fn mark_sent(
+        &self,
+        seen: &OutboxEventRow,
+        next: &OutboxEventRow,
+    ) -> Result<Outcome, StoreError> {
+        let values = sent_values(next);
         self.step(seen, next, values, "marking an event sent").await
     }
 
-    /// R-004 `register_failure!`: one more attempt; `failed` once the
-    /// attempts reach `max_attempts`, else still `pending`.
+    /// R-004 `register_failure!`: writes `next` (what
+    /// [`crate::transition::after_failure`] made of `seen`, its error cut
+    /// by [`Store::truncate_error`]) while the row is still as `seen` was
+    /// read.
     pub async fn register_failure(
         &self,
         seen: &OutboxEventRow,
-        error: &str,
-        max_attempts: i32,
+        next: &OutboxEventRow,
     ) -> Result<Outcome, StoreError> {
-        let next = self.after_failure(seen, error, now(), max_attempts);
-        let values = failure_values(&next);
+        let values = failure_values(next);
         self.step(seen, next, values, "registering a failure").await
     }
 
-    /// The row after a failed attempt of `seen`, written at `now`.
-    pub(crate) fn after_failure(
-        &self,
-        seen: &OutboxEventRow,
-        error: &str,
-        now: NaiveDateTime,
-        max_attempts: i32,
-    ) -> OutboxEventRow {
-        transition::after_failure(seen, self.truncate_error(error), now, max_attempts)
-    }
-
-    /// One transition of a pending row: `values` are written only while the
-    /// row is still `seen` (pending, same attempts); `next` is the row after.
+    /// One transition of a pending row: `values` (of `next`) are written
+    /// only while the row is still `seen` (pending, same attempts).
     async fn step(
         &self,
         seen: &OutboxEventRow,
-        next: OutboxEventRow,
+        next: &OutboxEventRow,
         values: impl IntoIterator<Item = (Column, sea_orm::Value)>,
         action: &'static str,
     ) -> Result<Outcome, StoreError> {
-        let stmt = self.step_statement(seen, values);
+        let stmt = self.step_statement(Key::from(seen), values);
         let res = self.db.execute(&stmt).await.map_err(db_err(action))?;
         if res.rows_affected() == 1 {
-            return Ok(Outcome::Applied(next));
+            return Ok(Outcome::Applied(next.clone()));
         }
         self.conflict(seen.id).await
     }
 
-    /// The conditional UPDATE of [`Store::step`].
+    /// The conditional UPDATE of [`Store::step`]: `values`, where the row
+    /// is `seen` (its id, still pending, with the same attempts).
     pub(crate) fn step_statement(
         &self,
-        seen: &OutboxEventRow,
+        seen: Key,
         values: impl IntoIterator<Item = (Column, sea_orm::Value)>,
     ) -> UpdateStatement {
         Query::update()

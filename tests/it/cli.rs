@@ -8,6 +8,7 @@ use sea_orm::ConnectionTrait;
 use serde_json::json;
 
 use crate::db::TestDb;
+use crate::store::{mark_sent, register_failure};
 
 pub fn bin() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-sidecar"));
@@ -90,7 +91,7 @@ async fn events_retry_exit_codes_and_messages() {
         .unwrap();
     let row = store.get(failed_id).await.unwrap().unwrap();
     assert!(matches!(
-        store.register_failure(&row, "HTTP 500", 1).await.unwrap(),
+        register_failure(&store, &row, "HTTP 500", 1).await.unwrap(),
         Outcome::Applied(_)
     ));
     let sent_id = store
@@ -99,7 +100,7 @@ async fn events_retry_exit_codes_and_messages() {
         .unwrap();
     let row = store.get(sent_id).await.unwrap().unwrap();
     assert!(matches!(
-        store.mark_sent(&row).await.unwrap(),
+        mark_sent(&store, &row).await.unwrap(),
         Outcome::Applied(_)
     ));
 
@@ -258,7 +259,7 @@ async fn filtered_resend_dry_run_and_retrigger() {
             .await
             .unwrap();
         let row = store.get(id).await.unwrap().unwrap();
-        store.register_failure(&row, error, 1).await.unwrap();
+        register_failure(&store, &row, error, 1).await.unwrap();
         failed.push(id);
     }
     let pending = store

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use entity::Status;
-use outbox_sidecar::store::batch::{mark_sent_many, register_failure_many, Failure, Key, Sent};
+use outbox_sidecar::store::batch::{mark_sent_many, register_failure_many, Key, Sent, Step};
 use outbox_sidecar::store::history::{Attempt, Caller, Via};
 use outbox_sidecar::store::{FailedFilter, Outcome, Store};
 use sea_orm::ConnectionTrait;
@@ -14,6 +14,7 @@ use wiremock::ResponseTemplate;
 
 use crate::db::{Backend, TestDb};
 use crate::harness::{spawn_app_with, Options, Receiver};
+use crate::store::{mark_sent, register_failure, sent};
 
 async fn pending(store: &Store) -> entity::OutboxEventRow {
     let id = store
@@ -52,14 +53,13 @@ async fn attempts_are_on_record_exactly_when_their_status_is(backend: Backend) {
     let store = db.store().await;
     let row = pending(&store).await;
     let first = attempt(row.id, 1, Some(503), "HTTP 503: down");
-    let failure = Failure {
-        seen: row.clone(),
-        error: "HTTP 503: down".into(),
-    };
+    let failure = Step::new(
+        &row,
+        crate::store::failed(&store, &row, "HTTP 503: down", 3),
+    );
     let out = register_failure_many(
         &store,
         std::slice::from_ref(&failure),
-        3,
         std::slice::from_ref(&first),
     )
     .await
@@ -67,7 +67,7 @@ async fn attempts_are_on_record_exactly_when_their_status_is(backend: Backend) {
     assert!(matches!(out[&row.id], Outcome::Applied(_)));
     // The same write again (stale: the row has one attempt now) applies to
     // nothing, and so records nothing.
-    let out = register_failure_many(&store, &[failure], 3, std::slice::from_ref(&first))
+    let out = register_failure_many(&store, &[failure], std::slice::from_ref(&first))
         .await
         .unwrap();
     assert!(matches!(out[&row.id], Outcome::Conflict(_)));
@@ -79,21 +79,23 @@ async fn attempts_are_on_record_exactly_when_their_status_is(backend: Backend) {
 
     // A batch of two where one key is stale: only the applied one logs.
     let other = pending(&store).await;
-    let keys = [
-        Key {
-            id: row.id,
-            attempts: 1,
-        },
-        Key {
-            id: other.id,
-            attempts: 5,
+    let row = store.get(row.id).await.unwrap().unwrap();
+    let stale = Key {
+        id: other.id,
+        attempts: 5,
+    };
+    let steps = [
+        Step::new(&row, sent(&row)),
+        Step {
+            seen: stale,
+            next: sent(&other),
         },
     ];
     let log = [
         attempt(row.id, 2, Some(201), "{\"ok\":true}"),
         attempt(other.id, 6, Some(201), "stale"),
     ];
-    let out = mark_sent_many(&store, &keys, &log).await.unwrap();
+    let out = mark_sent_many(&store, &steps, &log).await.unwrap();
     assert!(matches!(out[&row.id], Sent::Applied { .. }));
     assert!(matches!(out[&other.id], Sent::Conflict(_)));
     assert_eq!(log_rows(&store).await, 2);
@@ -134,9 +136,12 @@ async fn attempts_are_on_record_exactly_when_their_status_is(backend: Backend) {
     // then matches attempts to rows by id instead of carrying them in the
     // UPDATE): both apply, only the one attempt is on record.
     let (third, fourth) = (pending(&store).await, pending(&store).await);
-    let keys = [Key::from(&third), Key::from(&fourth)];
+    let steps = [
+        Step::new(&third, sent(&third)),
+        Step::new(&fourth, sent(&fourth)),
+    ];
     let log = [attempt(third.id, 1, Some(201), "ok")];
-    let out = mark_sent_many(&store, &keys, &log).await.unwrap();
+    let out = mark_sent_many(&store, &steps, &log).await.unwrap();
     assert!(matches!(out[&third.id], Sent::Applied { .. }));
     assert!(matches!(out[&fourth.id], Sent::Applied { .. }));
     assert_eq!(store.history(third.id).await.unwrap().len(), 1);
@@ -150,8 +155,7 @@ async fn resends_are_recorded_with_who_asked(backend: Backend) {
     for _ in 0..3 {
         let mut row = pending(&store).await;
         for i in 0..3 {
-            row = match store
-                .register_failure(&row, &format!("HTTP 503 #{i}"), 3)
+            row = match register_failure(&store, &row, &format!("HTTP 503 #{i}"), 3)
                 .await
                 .unwrap()
             {
@@ -203,12 +207,12 @@ async fn prune_deletes_old_log_rows_only(backend: Backend) {
         let mut a = attempt(row.id, 1, Some(500), "HTTP 500");
         a.started_at -= chrono::Duration::days(age_days);
         log.push(a);
-        failures.push(Failure {
-            seen: row,
-            error: "HTTP 500".into(),
-        });
+        failures.push(Step::new(
+            &row,
+            crate::store::failed(&store, &row, "HTTP 500", 3),
+        ));
     }
-    register_failure_many(&store, &failures, 3, &log)
+    register_failure_many(&store, &failures, &log)
         .await
         .unwrap();
     assert_eq!(log_rows(&store).await, 4);
@@ -232,11 +236,10 @@ async fn with_the_log_off_nothing_is_written(backend: Backend) {
     let row = pending(&store).await;
     let out = register_failure_many(
         &store,
-        &[Failure {
-            seen: row.clone(),
-            error: "HTTP 500".into(),
-        }],
-        1,
+        &[Step::new(
+            &row,
+            crate::store::failed(&store, &row, "HTTP 500", 1),
+        )],
         &[attempt(row.id, 1, Some(500), "HTTP 500")],
     )
     .await
@@ -255,7 +258,7 @@ async fn with_the_log_off_nothing_is_written(backend: Backend) {
 async fn sent_days_ago(store: &Store, days: i64) -> i64 {
     let row = pending(store).await;
     assert!(matches!(
-        store.mark_sent(&row).await.unwrap(),
+        mark_sent(store, &row).await.unwrap(),
         Outcome::Applied(_)
     ));
     set_sent_at(store, row.id, days).await;
@@ -316,7 +319,7 @@ async fn prune_sent_takes_old_sent_rows_and_their_log_only(backend: Backend) {
     add_log_row(&store, waiting).await;
     let failed = pending(&store).await;
     assert!(matches!(
-        store.register_failure(&failed, "HTTP 500", 1).await.unwrap(),
+        register_failure(&store, &failed, "HTTP 500", 1).await.unwrap(),
         Outcome::Applied(r) if r.status == Status::Failed
     ));
     add_log_row(&store, failed.id).await;
@@ -767,18 +770,22 @@ async fn whole_second_columns_log_their_own_rows(column: &str) {
         .unwrap();
     let store = db.store().await;
     let (row, other) = (pending(&store).await, pending(&store).await);
-    let keys = [
-        Key::from(&row),
-        Key {
-            id: other.id,
-            attempts: 5,
+    let stale = Key {
+        id: other.id,
+        attempts: 5,
+    };
+    let steps = [
+        Step::new(&row, sent(&row)),
+        Step {
+            seen: stale,
+            next: sent(&other),
         },
     ];
     let log = [
         attempt(row.id, 1, Some(201), "ok"),
         attempt(other.id, 6, Some(201), "stale"),
     ];
-    let out = mark_sent_many(&store, &keys, &log).await.unwrap();
+    let out = mark_sent_many(&store, &steps, &log).await.unwrap();
     assert!(
         matches!(out[&row.id], Sent::Applied { .. }),
         "{:?}",

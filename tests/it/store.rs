@@ -3,11 +3,48 @@
 //! `#register_failure!` and `#retry!` — the same bodies on every backend.
 
 use entity::{OutboxEventRow, Status};
-use outbox_sidecar::store::{Outcome, RetryRefused, Store, MAX_LAST_ERROR_BYTES};
+use outbox_sidecar::store::{now, Outcome, RetryRefused, Store, StoreError, MAX_LAST_ERROR_BYTES};
+use outbox_sidecar::transition;
 use sea_orm::ConnectionTrait;
 use serde_json::json;
 
 use crate::db::{Backend, TestDb};
+
+/// What a success makes of `seen` now ([`transition::after_success`]).
+pub fn sent(seen: &OutboxEventRow) -> OutboxEventRow {
+    transition::after_success(seen, now())
+}
+
+/// What a failure with `error` makes of `seen` now, of `max_attempts`
+/// ([`transition::after_failure`]; the error cut as the job cuts it, to
+/// what `store`'s `last_error` holds).
+pub fn failed(
+    store: &Store,
+    seen: &OutboxEventRow,
+    error: &str,
+    max_attempts: i32,
+) -> OutboxEventRow {
+    transition::after_failure(seen, store.truncate_error(error), now(), max_attempts)
+}
+
+/// R-004 `mark_sent!` as the job makes it: the row [`sent`] computes,
+/// written by the store.
+pub async fn mark_sent(store: &Store, seen: &OutboxEventRow) -> Result<Outcome, StoreError> {
+    store.mark_sent(seen, &sent(seen)).await
+}
+
+/// R-004 `register_failure!` as the job makes it: the row [`failed`]
+/// computes, written by the store.
+pub async fn register_failure(
+    store: &Store,
+    seen: &OutboxEventRow,
+    error: &str,
+    max_attempts: i32,
+) -> Result<Outcome, StoreError> {
+    store
+        .register_failure(seen, &failed(store, seen, error, max_attempts))
+        .await
+}
 
 async fn pending(store: &Store) -> OutboxEventRow {
     let id = store
@@ -32,8 +69,7 @@ async fn with_attempts(store: &Store, attempts: i32, max: i32) -> OutboxEventRow
     let mut row = pending(store).await;
     for i in 0..attempts {
         row = applied(
-            store
-                .register_failure(&row, &format!("HTTP 503: try {i}"), max)
+            register_failure(store, &row, &format!("HTTP 503: try {i}"), max)
                 .await
                 .unwrap(),
         );
@@ -46,7 +82,7 @@ async fn success_from_any_attempts(backend: Backend) {
     let store = db.store().await;
     for attempts in 0..=2 {
         let row = with_attempts(&store, attempts, 3).await;
-        let sent = applied(store.mark_sent(&row).await.unwrap());
+        let sent = applied(mark_sent(&store, &row).await.unwrap());
         let stored = store.get(row.id).await.unwrap().unwrap();
         assert_eq!(stored, sent, "the returned state is the stored state");
         assert_eq!(stored.status, Status::Sent);
@@ -65,8 +101,7 @@ async fn failure_below_max_stays_pending(backend: Backend) {
     for before in 0..=1 {
         let row = with_attempts(&store, before, 3).await;
         let after = applied(
-            store
-                .register_failure(&row, "HTTP 422: company_not_found", 3)
+            register_failure(&store, &row, "HTTP 422: company_not_found", 3)
                 .await
                 .unwrap(),
         );
@@ -87,8 +122,7 @@ async fn third_failure_fails(backend: Backend) {
     let store = db.store().await;
     let row = with_attempts(&store, 2, 3).await;
     let after = applied(
-        store
-            .register_failure(&row, "timeout after 10s", 3)
+        register_failure(&store, &row, "timeout after 10s", 3)
             .await
             .unwrap(),
     );
@@ -98,10 +132,10 @@ async fn third_failure_fails(backend: Backend) {
     assert_eq!(stored, after);
     // No step applies to a failed row: attempts never pass max_attempts.
     assert!(
-        matches!(store.register_failure(&stored, "again", 3).await.unwrap(), Outcome::Conflict(r) if r.attempts == 3)
+        matches!(register_failure(&store, &stored, "again", 3).await.unwrap(), Outcome::Conflict(r) if r.attempts == 3)
     );
     assert!(
-        matches!(store.mark_sent(&stored).await.unwrap(), Outcome::Conflict(r) if r.status == Status::Failed)
+        matches!(mark_sent(&store, &stored).await.unwrap(), Outcome::Conflict(r) if r.status == Status::Failed)
     );
 }
 
@@ -109,7 +143,7 @@ async fn max_attempts_from_configuration(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     let row = pending(&store).await;
-    let after = applied(store.register_failure(&row, "boom", 1).await.unwrap());
+    let after = applied(register_failure(&store, &row, "boom", 1).await.unwrap());
     assert_eq!((after.status, after.attempts), (Status::Failed, 1));
 }
 
@@ -134,8 +168,7 @@ async fn resend_of_failed(backend: Backend) {
     assert_eq!(resent.last_error, None);
     // The three attempts start over from zero.
     let again = applied(
-        store
-            .register_failure(&resent, "HTTP 500", 3)
+        register_failure(&store, &resent, "HTTP 500", 3)
             .await
             .unwrap(),
     );
@@ -162,7 +195,7 @@ async fn resend_of_pending_or_sent_refused(backend: Backend) {
             status: Status::Pending
         })
     );
-    let s = applied(store.mark_sent(&pending(&store).await).await.unwrap());
+    let s = applied(mark_sent(&store, &pending(&store).await).await.unwrap());
     let refused = store
         .retry(
             s.id,
@@ -205,8 +238,8 @@ async fn stale_step_is_a_conflict(backend: Backend) {
     let row = pending(&store).await;
     // Two writers computed their step from the same state; exactly one applies.
     let (a, b) = tokio::join!(
-        store.register_failure(&row, "writer a", 3),
-        store.register_failure(&row, "writer b", 3)
+        register_failure(&store, &row, "writer a", 3),
+        register_failure(&store, &row, "writer b", 3)
     );
     let outcomes = [a.unwrap(), b.unwrap()];
     let applied_n = outcomes
@@ -223,11 +256,11 @@ async fn stale_step_is_a_conflict(backend: Backend) {
     }
     // A success computed from the stale state conflicts too and changes nothing.
     assert!(matches!(
-        store.mark_sent(&row).await.unwrap(),
+        mark_sent(&store, &row).await.unwrap(),
         Outcome::Conflict(_)
     ));
     assert_eq!(store.get(row.id).await.unwrap().unwrap(), stored);
-    let (s1, s2) = tokio::join!(store.mark_sent(&stored), store.mark_sent(&stored));
+    let (s1, s2) = tokio::join!(mark_sent(&store, &stored), mark_sent(&store, &stored));
     let sent_n = [s1.unwrap(), s2.unwrap()]
         .iter()
         .filter(|o| matches!(o, Outcome::Applied(_)))
@@ -237,7 +270,7 @@ async fn stale_step_is_a_conflict(backend: Backend) {
     let mut ghost = stored.clone();
     ghost.id = 424_242;
     assert_eq!(
-        store.mark_sent(&ghost).await.unwrap(),
+        mark_sent(&store, &ghost).await.unwrap(),
         Outcome::NotFound(424_242)
     );
 }
@@ -247,7 +280,7 @@ async fn last_error_is_short(backend: Backend) {
     let store = db.store().await;
     let row = pending(&store).await;
     let long = "é".repeat(2000); // 4000 bytes, 2-byte chars
-    let after = applied(store.register_failure(&row, &long, 3).await.unwrap());
+    let after = applied(register_failure(&store, &row, &long, 3).await.unwrap());
     let stored = store.get(row.id).await.unwrap().unwrap();
     let err = stored.last_error.unwrap();
     assert!(err.len() <= MAX_LAST_ERROR_BYTES, "{} bytes", err.len());
@@ -265,7 +298,7 @@ async fn list_and_bulk_resend(backend: Backend) {
         .await
         .unwrap();
     let c = store.get(id).await.unwrap().unwrap();
-    let c = applied(store.register_failure(&c, "x", 1).await.unwrap());
+    let c = applied(register_failure(&store, &c, "x", 1).await.unwrap());
     let _p = pending(&store).await;
     let filter = |status, name: Option<&str>| outbox_sidecar::store::ListFilter {
         status,
@@ -384,7 +417,7 @@ async fn retrigger_touches_only_pending_rows(backend: Backend) {
     let store = db.store().await;
     let old_pending = pending(&store).await;
     let retried = with_attempts(&store, 1, 3).await;
-    let sent = applied(store.mark_sent(&pending(&store).await).await.unwrap());
+    let sent = applied(mark_sent(&store, &pending(&store).await).await.unwrap());
     let failed = with_attempts(&store, 3, 3).await;
     let mut other = pending(&store).await;
     store
@@ -463,7 +496,7 @@ async fn retrigger_touches_in_batches(backend: Backend) {
         .await
         .unwrap();
     let done = pending(&store).await;
-    store.mark_sent(&done).await.unwrap();
+    mark_sent(&store, &done).await.unwrap();
     let mut seen = Vec::new();
     let filter = RetriggerFilter {
         older_than: Some(std::time::Duration::from_secs(60)),
@@ -488,7 +521,7 @@ async fn filtered_resend_of_failed(backend: Backend) {
         let store = store.clone();
         async move {
             let row = pending(&store).await;
-            applied(store.register_failure(&row, error, 1).await.unwrap())
+            applied(register_failure(&store, &row, error, 1).await.unwrap())
         }
     };
     let a = fail("HTTP 503: accounts temporarily unavailable").await;
@@ -648,7 +681,7 @@ mod batched {
     //! what the single-row write would.
     use super::*;
     use outbox_sidecar::store::batch::{
-        mark_sent_many, register_failure_many, Failure, Key, Sent, StatusWriter,
+        mark_sent_many, register_failure_many, Sent, StatusWriter, Step,
     };
 
     async fn applies_and_reports_conflicts(backend: Backend) {
@@ -657,14 +690,18 @@ mod batched {
         let fresh = pending(&store).await;
         let retried = with_attempts(&store, 1, 3).await;
         let stale = pending(&store).await;
-        let moved_on = applied(store.register_failure(&stale, "HTTP 500", 3).await.unwrap());
+        let moved_on = applied(
+            register_failure(&store, &stale, "HTTP 500", 3)
+                .await
+                .unwrap(),
+        );
         let mut ghost = fresh.clone();
         ghost.id = 777_777;
-        let keys: Vec<Key> = [&fresh, &retried, &stale, &ghost]
+        let steps: Vec<Step> = [&fresh, &retried, &stale, &ghost]
             .into_iter()
-            .map(Key::from)
+            .map(|row| Step::new(row, sent(row)))
             .collect();
-        let outcomes = mark_sent_many(&store, &keys, &[]).await.unwrap();
+        let outcomes = mark_sent_many(&store, &steps, &[]).await.unwrap();
         for row in [&fresh, &retried] {
             let stored = store.get(row.id).await.unwrap().unwrap();
             assert_eq!(stored.status, Status::Sent);
@@ -692,13 +729,17 @@ mod batched {
     async fn writer_batches_concurrent_jobs(backend: Backend) {
         let db = TestDb::new(backend).await;
         let store = db.store().await;
-        let writer = StatusWriter::spawn(store.clone(), 3);
+        let writer = StatusWriter::spawn(store.clone());
         let mut rows = Vec::new();
         for _ in 0..40 {
             rows.push(pending(&store).await);
         }
-        let results =
-            futures::future::join_all(rows.iter().map(|r| writer.mark_sent(r, None))).await;
+        let nexts: Vec<OutboxEventRow> = rows.iter().map(sent).collect();
+        let writes = rows
+            .iter()
+            .zip(&nexts)
+            .map(|(r, n)| writer.mark_sent(r, n, None));
+        let results = futures::future::join_all(writes).await;
         for (row, result) in rows.iter().zip(results) {
             let Sent::Applied { sent_at } = result.unwrap() else {
                 panic!("row {} not applied", row.id);
@@ -713,7 +754,10 @@ mod batched {
         let sent = store.count_status(Status::Sent).await.unwrap();
         assert_eq!((sent, stats.pending), (40, 0));
         // The same rows again: every one is now a conflict.
-        let again = writer.mark_sent(&rows[0], None).await.unwrap();
+        let again = writer
+            .mark_sent(&rows[0], &super::sent(&rows[0]), None)
+            .await
+            .unwrap();
         assert!(matches!(again, Sent::Conflict(r) if r.status == Status::Sent));
     }
 
@@ -723,25 +767,24 @@ mod batched {
         let fresh = pending(&store).await;
         let last_try = with_attempts(&store, 2, 3).await;
         let stale = pending(&store).await;
-        let moved_on = applied(store.register_failure(&stale, "HTTP 500", 3).await.unwrap());
+        let moved_on = applied(
+            register_failure(&store, &stale, "HTTP 500", 3)
+                .await
+                .unwrap(),
+        );
         let mut ghost = fresh.clone();
         ghost.id = 888_888;
         let long = "é".repeat(2000);
-        let failures: Vec<Failure> = [
+        let failures: Vec<Step> = [
             (&fresh, "HTTP 503"),
             (&last_try, long.as_str()),
             (&stale, "HTTP 502"),
             (&ghost, "HTTP 500"),
         ]
         .into_iter()
-        .map(|(row, error)| Failure {
-            seen: row.clone(),
-            error: error.to_owned(),
-        })
+        .map(|(row, error)| Step::new(row, failed(&store, row, error, 3)))
         .collect();
-        let outcomes = register_failure_many(&store, &failures, 3, &[])
-            .await
-            .unwrap();
+        let outcomes = register_failure_many(&store, &failures, &[]).await.unwrap();
 
         let stored = store.get(fresh.id).await.unwrap().unwrap();
         assert_eq!(outcomes[&fresh.id], Outcome::Applied(stored.clone()));
@@ -768,11 +811,11 @@ mod batched {
 
         // All applied (the path without a read back): same answers.
         let fresh_again = store.get(fresh.id).await.unwrap().unwrap();
-        let one = [Failure {
-            seen: fresh_again.clone(),
-            error: "HTTP 504".into(),
-        }];
-        let outcomes = register_failure_many(&store, &one, 3, &[]).await.unwrap();
+        let one = [Step::new(
+            &fresh_again,
+            failed(&store, &fresh_again, "HTTP 504", 3),
+        )];
+        let outcomes = register_failure_many(&store, &one, &[]).await.unwrap();
         let stored = store.get(fresh.id).await.unwrap().unwrap();
         assert_eq!(outcomes[&fresh.id], Outcome::Applied(stored.clone()));
         assert_eq!((stored.attempts, stored.status), (2, Status::Pending));
@@ -781,7 +824,7 @@ mod batched {
     async fn writer_batches_failures_and_successes(backend: Backend) {
         let db = TestDb::new(backend).await;
         let store = db.store().await;
-        let writer = StatusWriter::spawn(store.clone(), 3);
+        let writer = StatusWriter::spawn(store.clone());
         let mut rows = Vec::new();
         for _ in 0..30 {
             rows.push(pending(&store).await);
@@ -789,14 +832,18 @@ mod batched {
         // Every other row fails, the rest succeed, all at once.
         let writes = rows.iter().enumerate().map(|(i, row)| {
             let writer = writer.clone();
+            let failure = failed(&store, row, &format!("HTTP 500 for {}", row.id), 3);
             async move {
                 if i % 2 == 0 {
                     writer
-                        .register_failure(row, &format!("HTTP 500 for {}", row.id), None)
+                        .register_failure(row, &failure, None)
                         .await
                         .map(|o| (Some(o), None))
                 } else {
-                    writer.mark_sent(row, None).await.map(|s| (None, Some(s)))
+                    writer
+                        .mark_sent(row, &sent(row), None)
+                        .await
+                        .map(|s| (None, Some(s)))
                 }
             }
         });
@@ -827,7 +874,7 @@ mod batched {
         assert_eq!((sent, stats.pending), (15, 15));
         // A failure computed from a row that has moved on is a conflict.
         let again = writer
-            .register_failure(&rows[0], "late", None)
+            .register_failure(&rows[0], &failed(&store, &rows[0], "late", 3), None)
             .await
             .unwrap();
         assert!(matches!(again, Outcome::Conflict(r) if r.attempts == 1));
@@ -910,17 +957,17 @@ mod refused {
         let store = db.store().await;
         let row = pending(&store).await;
         let error = format!("HTTP 500: {}", "é".repeat(300));
-        let next = applied(store.register_failure(&row, &error, 3).await.unwrap());
+        let next = applied(register_failure(&store, &row, &error, 3).await.unwrap());
         let stored = store.get(row.id).await.unwrap().unwrap();
         assert_eq!(stored, next);
         let err = stored.last_error.clone().unwrap();
         assert_eq!(err.chars().count(), 255, "{err}");
         assert!(err.starts_with("HTTP 500: éé") && err.ends_with('…'));
         // Batched the same way.
-        let writer = StatusWriter::spawn(store.clone(), 3);
+        let writer = StatusWriter::spawn(store.clone());
         let next = applied(
             writer
-                .register_failure(&stored, &error, None)
+                .register_failure(&stored, &failed(&store, &stored, &error, 3), None)
                 .await
                 .unwrap(),
         );
@@ -952,16 +999,21 @@ mod refused {
         let poison = pending(&store).await;
         let fine = pending(&store).await;
         let sent = pending(&store).await;
-        let writer = StatusWriter::spawn(store.clone(), 3);
+        let writer = StatusWriter::spawn(store.clone());
         // Polled together: they reach the writer within one batch window.
-        let (refused, failed, marked) = tokio::join!(
-            writer.register_failure(&poison, "HTTP 500: poison", None),
-            writer.register_failure(&fine, "HTTP 503", None),
-            writer.mark_sent(&sent, None),
+        let nexts = (
+            failed(&store, &poison, "HTTP 500: poison", 3),
+            failed(&store, &fine, "HTTP 503", 3),
+            super::sent(&sent),
+        );
+        let (refused, fine_failed, marked) = tokio::join!(
+            writer.register_failure(&poison, &nexts.0, None),
+            writer.register_failure(&fine, &nexts.1, None),
+            writer.mark_sent(&sent, &nexts.2, None),
         );
         let err = refused.expect_err("the check constraint refuses it");
         assert!(!err.is_transient(), "a constraint is permanent: {err}");
-        assert_eq!(applied(failed.unwrap()).attempts, 1);
+        assert_eq!(applied(fine_failed.unwrap()).attempts, 1);
         assert!(matches!(
             marked.unwrap(),
             outbox_sidecar::store::batch::Sent::Applied { .. }
@@ -980,9 +1032,9 @@ mod refused_by_code {
     use outbox_sidecar::store::batch::StatusWriter;
 
     async fn refused(store: &Store, row: OutboxEventRow, error: &str) {
-        let writer = StatusWriter::spawn(store.clone(), 3);
+        let writer = StatusWriter::spawn(store.clone());
         let err = writer
-            .register_failure(&row, error, None)
+            .register_failure(&row, &failed(store, &row, error, 3), None)
             .await
             .expect_err("the database refuses this write");
         assert!(!err.is_transient(), "a refusal is permanent: {err}");
@@ -1141,4 +1193,238 @@ async fn store_connections_disable_nagle() {
         sockets.iter().filter(|n| !**n).count(),
         sockets.len()
     );
+}
+
+mod same_rows {
+    //! R-004 written once: the job computes each next row with
+    //! `transition`, the store writes it, and PostgreSQL (arrays joined
+    //! with `unnest`), MariaDB and SQLite (conditions and a `CASE` per
+    //! row) end with the same rows for the same outcomes — through the
+    //! batched writes and the single-row ones, with and without the
+    //! attempt log.
+    use super::*;
+    use chrono::{NaiveDate, NaiveDateTime};
+    use outbox_sidecar::store::batch::{mark_sent_many, register_failure_many, Sent, Step};
+    use outbox_sidecar::store::history::{Attempt, Caller, Via};
+
+    /// What R-004 governs of a row, by its place among the rows: the
+    /// payload and `created_at` are the application's.
+    type State = (
+        usize,
+        Status,
+        i32,
+        Option<String>,
+        Option<NaiveDateTime>,
+        NaiveDateTime,
+    );
+
+    fn states(rows: &[OutboxEventRow]) -> Vec<State> {
+        rows.iter()
+            .enumerate()
+            .map(|(i, r)| {
+                (
+                    i,
+                    r.status,
+                    r.attempts,
+                    r.last_error.clone(),
+                    r.sent_at,
+                    r.updated_at,
+                )
+            })
+            .collect()
+    }
+
+    /// A fixed instant, `ms` milliseconds into the scenario (microseconds
+    /// in it, which every backend keeps).
+    fn at(ms: i64) -> NaiveDateTime {
+        let start = NaiveDate::from_ymd_opt(2030, 1, 1)
+            .and_then(|d| d.and_hms_micro_opt(10, 0, 0, 123_456))
+            .unwrap();
+        start + chrono::Duration::milliseconds(ms)
+    }
+
+    fn log_of(step: &Step, http_status: u16) -> Attempt {
+        Attempt {
+            event_id: step.seen.id,
+            attempt: step.seen.attempts + 1,
+            started_at: at(0),
+            duration_ms: 7,
+            http_status: Some(http_status),
+            detail: Some(format!("HTTP {http_status}")),
+        }
+    }
+
+    /// Plays one scenario on `backend`: the rows as stored at the end, and
+    /// as `transition` computed them.
+    async fn outcomes_on(backend: Backend) -> (Vec<OutboxEventRow>, Vec<OutboxEventRow>) {
+        let db = TestDb::new(backend).await;
+        let store = db.store().await;
+        let mut rows = Vec::new();
+        for _ in 0..7 {
+            rows.push(pending(&store).await);
+        }
+        let mut expected = rows.clone();
+        let success = |row: &OutboxEventRow, ms| transition::after_success(row, at(ms));
+        let failure = |row: &OutboxEventRow, error: &str, max, ms| {
+            transition::after_failure(row, store.truncate_error(error), at(ms), max)
+        };
+        let applied_all = |out: &std::collections::HashMap<i64, Outcome>, steps: &[Step]| {
+            for s in steps {
+                assert_eq!(out[&s.seen.id], Outcome::Applied(s.next.clone()));
+            }
+        };
+
+        // 1. A batch of each kind, every row at its own instant, each
+        //    attempt logged with its status: successes from 0 attempts
+        //    (rows 0, 1), failures below the limit (rows 2, 3), a failure at
+        //    the limit (row 6, max_attempts = 1).
+        let sents = [
+            Step::new(&rows[0], success(&rows[0], 1)),
+            Step::new(&rows[1], success(&rows[1], 2)),
+        ];
+        let log: Vec<Attempt> = sents.iter().map(|s| log_of(s, 201)).collect();
+        let out = mark_sent_many(&store, &sents, &log).await.unwrap();
+        for s in &sents {
+            let sent_at = s.next.sent_at.unwrap();
+            assert_eq!(out[&s.seen.id], Sent::Applied { sent_at });
+        }
+        let fails = [
+            Step::new(&rows[2], failure(&rows[2], "HTTP 503", 3, 3)),
+            Step::new(&rows[3], failure(&rows[3], "HTTP 502: bad gateway", 3, 4)),
+            Step::new(&rows[6], failure(&rows[6], "timeout after 10s", 1, 5)),
+        ];
+        let log: Vec<Attempt> = fails.iter().map(|s| log_of(s, 503)).collect();
+        applied_all(
+            &register_failure_many(&store, &fails, &log).await.unwrap(),
+            &fails,
+        );
+        for s in sents.iter().chain(&fails) {
+            expected[(s.seen.id - rows[0].id) as usize] = s.next.clone();
+        }
+        // One row at a time: a failure (row 4), and the write that moves
+        // row 5 on under a job that read it before.
+        for (i, error, ms) in [(4, "HTTP 500", 6), (5, "HTTP 429", 7)] {
+            let next = failure(&rows[i], error, 3, ms);
+            let out = store.register_failure(&rows[i], &next).await.unwrap();
+            assert_eq!(out, Outcome::Applied(next.clone()));
+            expected[i] = next;
+        }
+
+        // 2. A success after a failure keeps the attempts and the error
+        //    (row 2); a second failure (row 3); a single-row success (row
+        //    4); the stale job's writes of row 5 are refused and change
+        //    nothing: the job gives the row up. One attempt logged of two.
+        let sents = [
+            Step::new(&expected[2], success(&expected[2], 20)),
+            Step::new(&rows[5], success(&rows[5], 21)),
+        ];
+        let log = [log_of(&sents[0], 200)];
+        let out = mark_sent_many(&store, &sents, &log).await.unwrap();
+        assert_eq!(out[&expected[2].id], Sent::Applied { sent_at: at(20) });
+        assert_eq!(out[&rows[5].id], Sent::Conflict(expected[5].clone()));
+        let fails = [
+            Step::new(&expected[3], failure(&expected[3], "HTTP 502", 3, 22)),
+            Step::new(&rows[5], failure(&rows[5], "HTTP 500", 3, 23)),
+        ];
+        let out = register_failure_many(&store, &fails, &[]).await.unwrap();
+        assert_eq!(
+            out[&expected[3].id],
+            Outcome::Applied(fails[0].next.clone())
+        );
+        assert_eq!(
+            out[&rows[5].id],
+            Outcome::Conflict(expected[5].clone()),
+            "a write computed from a stale read"
+        );
+        expected[2] = sents[0].next.clone();
+        expected[3] = fails[0].next.clone();
+        let next = success(&expected[4], 24);
+        let out = store.mark_sent(&expected[4], &next).await.unwrap();
+        assert_eq!(out, Outcome::Applied(next.clone()));
+        expected[4] = next;
+
+        // 3. The failure at the limit (row 3: 2 → 3, failed).
+        let fails = [Step::new(
+            &expected[3],
+            failure(&expected[3], "HTTP 504", 3, 40),
+        )];
+        applied_all(
+            &register_failure_many(&store, &fails, &[]).await.unwrap(),
+            &fails,
+        );
+        expected[3] = fails[0].next.clone();
+        assert_eq!(
+            (expected[3].status, expected[6].status),
+            (Status::Failed, Status::Failed)
+        );
+
+        // 4. Resends: one (row 3), then every failed row (row 6). The store
+        //    stamps their time; the rest is what `transition` says.
+        let caller = Caller::new(Via::Cli, None);
+        let resent = store.retry(expected[3].id, &caller).await.unwrap().unwrap();
+        assert_eq!(
+            resent,
+            transition::after_resend(&expected[3], resent.updated_at)
+        );
+        assert_eq!(store.retry_all_failed(None, &caller).await.unwrap(), 1);
+        for i in [3, 6] {
+            let found = store.get(expected[i].id).await.unwrap().unwrap();
+            assert_eq!(
+                found,
+                transition::after_resend(&expected[i], found.updated_at)
+            );
+            expected[i] = found;
+        }
+
+        // 5. The resent rows fail again, at fixed instants: a first failure
+        //    (row 3), and at once at the limit of one (row 6).
+        let fails = [
+            Step::new(&expected[3], failure(&expected[3], "HTTP 503 again", 3, 60)),
+            Step::new(&expected[6], failure(&expected[6], "timeout again", 1, 61)),
+        ];
+        applied_all(
+            &register_failure_many(&store, &fails, &[]).await.unwrap(),
+            &fails,
+        );
+        expected[3] = fails[0].next.clone();
+        expected[6] = fails[1].next.clone();
+
+        let mut stored = Vec::new();
+        for row in &rows {
+            stored.push(store.get(row.id).await.unwrap().unwrap());
+        }
+        (stored, expected)
+    }
+
+    #[tokio::test]
+    async fn postgresql_mariadb_and_sqlite_write_the_same_rows() {
+        let mut seen = Vec::new();
+        for backend in [Backend::Postgres, Backend::MySql, Backend::Sqlite] {
+            let (stored, expected) = outcomes_on(backend).await;
+            assert_eq!(
+                states(&stored),
+                states(&expected),
+                "{backend:?} writes the rows transition computed"
+            );
+            seen.push((backend, states(&stored)));
+        }
+        let (first, rows) = &seen[0];
+        for (backend, other) in &seen[1..] {
+            assert_eq!(rows, other, "{first:?} and {backend:?}");
+        }
+        // The outcomes the scenario is made of.
+        let summary: Vec<(Status, i32)> = rows.iter().map(|s| (s.1, s.2)).collect();
+        assert_eq!(
+            summary,
+            [
+                (Status::Sent, 0),
+                (Status::Sent, 0),
+                (Status::Sent, 1),
+                (Status::Pending, 1),
+                (Status::Sent, 1),
+                (Status::Pending, 1),
+                (Status::Failed, 1),
+            ]
+        );
+    }
 }

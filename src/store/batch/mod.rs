@@ -6,9 +6,11 @@
 //! Jobs hand their write to [`StatusWriter`] and wait for the answer; the
 //! writer task collects what arrives within a short window (or up to
 //! [`MAX_BATCH`] writes) and issues one conditional UPDATE per kind of
-//! write. Each row keeps its own condition (`id`, `status = 'pending'`,
-//! `attempts`), so the result per row is that of [`Store::mark_sent`]
-//! (as [`Sent`]: an applied write hands back no copy of the row) or of
+//! write. Each write carries the row [`crate::transition`] made (the job
+//! computed it; nothing here decides a status or counts an attempt) and
+//! keeps its own condition (`id`, `status = 'pending'`, `attempts` as
+//! read), so the result per row is that of [`Store::mark_sent`] (as
+//! [`Sent`]: an applied write hands back no copy of the row) or of
 //! [`Store::register_failure`].
 
 mod many;
@@ -23,6 +25,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use super::history::Attempt;
 use super::{db_err, Outcome, RowRead, Store, StoreError};
 
+pub use super::write::Key;
 pub use many::{mark_sent_many, register_failure_many};
 
 /// Writes per batch (of both kinds together).
@@ -52,34 +55,29 @@ pub enum Sent {
     NotFound(i64),
 }
 
-/// The condition of one row's write: its id and the attempts it had when read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Key {
-    pub id: i64,
-    pub attempts: i32,
+/// One row's status write: `next`, the row [`crate::transition`] made of
+/// the row its job read, written only while the row is still as read
+/// (`seen`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub seen: Key,
+    pub next: OutboxEventRow,
 }
 
-impl From<&OutboxEventRow> for Key {
-    fn from(row: &OutboxEventRow) -> Self {
-        Key {
-            id: row.id,
-            attempts: row.attempts,
+impl Step {
+    pub fn new(seen: &OutboxEventRow, next: OutboxEventRow) -> Self {
+        Step {
+            seen: Key::from(seen),
+            next,
         }
     }
-}
-
-/// One failed attempt to register: the row as the job read it and the error.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Failure {
-    pub seen: OutboxEventRow,
-    pub error: String,
 }
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 enum Request {
-    Sent(Key, Option<Attempt>, Reply<Sent>),
-    Failure(Failure, Option<Attempt>, Reply<Outcome>),
+    Sent(Step, Option<Attempt>, Reply<Sent>),
+    Failure(Step, Option<Attempt>, Reply<Outcome>),
 }
 
 /// The batching writer shared by all jobs; cheap to clone.
@@ -90,16 +88,14 @@ pub struct StatusWriter {
 
 impl StatusWriter {
     /// Starts the writer task; it ends when every handle is dropped.
-    /// `max_attempts`: the failure that reaches it makes a row `failed`.
-    pub fn spawn(store: Store, max_attempts: i32) -> StatusWriter {
-        Self::spawn_counting(store, max_attempts, None)
+    pub fn spawn(store: Store) -> StatusWriter {
+        Self::spawn_counting(store, None)
     }
 
     /// [`StatusWriter::spawn`], counting attempt-log rows the database
     /// refused in `log_failures`.
     pub fn spawn_counting(
         store: Store,
-        max_attempts: i32,
         log_failures: Option<prometheus::IntCounter>,
     ) -> StatusWriter {
         let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
@@ -107,7 +103,7 @@ impl StatusWriter {
             failures: log_failures,
             off_until: std::sync::Mutex::new(None),
         });
-        tokio::spawn(run(store, max_attempts, log, rx));
+        tokio::spawn(run(store, log, rx));
         StatusWriter { tx }
     }
 
@@ -115,11 +111,13 @@ impl StatusWriter {
     /// attempt log on, `attempt` is recorded in the same write.
     pub async fn mark_sent(
         &self,
-        row: &OutboxEventRow,
+        seen: &OutboxEventRow,
+        next: &OutboxEventRow,
         attempt: Option<&Attempt>,
     ) -> Result<Sent, StoreError> {
         let (reply, answer) = oneshot::channel();
-        let request = Request::Sent(Key::from(row), attempt.cloned(), reply);
+        let step = Step::new(seen, next.clone());
+        let request = Request::Sent(step, attempt.cloned(), reply);
         self.ask(request, answer, SENT_ACTION).await
     }
 
@@ -127,16 +125,13 @@ impl StatusWriter {
     /// with the attempt log on, `attempt` is recorded in the same write.
     pub async fn register_failure(
         &self,
-        row: &OutboxEventRow,
-        error: &str,
+        seen: &OutboxEventRow,
+        next: &OutboxEventRow,
         attempt: Option<&Attempt>,
     ) -> Result<Outcome, StoreError> {
         let (reply, answer) = oneshot::channel();
-        let failure = Failure {
-            seen: row.clone(),
-            error: error.to_owned(),
-        };
-        let request = Request::Failure(failure, attempt.cloned(), reply);
+        let step = Step::new(seen, next.clone());
+        let request = Request::Failure(step, attempt.cloned(), reply);
         self.ask(request, answer, FAILURE_ACTION).await
     }
 
@@ -292,12 +287,7 @@ fn log_suspect<T>(result: &Result<T, StoreError>, log: &[Attempt]) -> bool {
     !log.is_empty() && result.as_ref().is_err_and(|e| !e.is_transient())
 }
 
-async fn run(
-    store: Store,
-    max_attempts: i32,
-    log: Arc<LogHealth>,
-    mut rx: mpsc::Receiver<Request>,
-) {
+async fn run(store: Store, log: Arc<LogHealth>, mut rx: mpsc::Receiver<Request>) {
     let statements = Arc::new(Semaphore::new(CONCURRENT_STATEMENTS));
     while let Some(first) = rx.recv().await {
         let batch = gather(&mut rx, first).await;
@@ -314,12 +304,9 @@ async fn run(
             // no keepalive) would hold these jobs for ever: past the
             // deadline the batch is dropped, each job gets an error and
             // writes again (finding its own write if it did commit).
-            if tokio::time::timeout(
-                STATEMENT_DEADLINE,
-                write_batch(&store, max_attempts, &log, batch),
-            )
-            .await
-            .is_err()
+            if tokio::time::timeout(STATEMENT_DEADLINE, write_batch(&store, &log, batch))
+                .await
+                .is_err()
             {
                 tracing::warn!(deadline = ?STATEMENT_DEADLINE, "a status write did not answer in time; its jobs write again");
             }
@@ -328,18 +315,18 @@ async fn run(
     }
 }
 
-async fn write_batch(store: &Store, max_attempts: i32, log: &LogHealth, batch: Vec<Request>) {
-    let (mut keys, mut sent_replies, mut sent_log) = (Vec::new(), Vec::new(), Vec::new());
+async fn write_batch(store: &Store, log: &LogHealth, batch: Vec<Request>) {
+    let (mut sents, mut sent_replies, mut sent_log) = (Vec::new(), Vec::new(), Vec::new());
     let (mut failures, mut failure_replies, mut failure_log) = (Vec::new(), Vec::new(), Vec::new());
     for request in batch {
         match request {
-            Request::Sent(key, attempt, reply) => {
-                keys.push(key);
+            Request::Sent(step, attempt, reply) => {
+                sents.push(step);
                 sent_replies.push(reply);
                 sent_log.extend(attempt);
             }
-            Request::Failure(failure, attempt, reply) => {
-                failures.push(failure);
+            Request::Failure(step, attempt, reply) => {
+                failures.push(step);
                 failure_replies.push(reply);
                 failure_log.extend(attempt);
             }
@@ -354,34 +341,29 @@ async fn write_batch(store: &Store, max_attempts: i32, log: &LogHealth, batch: V
         failure_log.clear();
     }
     // One after the other: a batch holds one pool connection at a time.
-    if !keys.is_empty() {
-        let result = sent_then_alone(store, &keys, &mut sent_log, log).await;
-        if refused_batch(&result, keys.len()) {
+    if !sents.is_empty() {
+        let result = sent_then_alone(store, &sents, &mut sent_log, log).await;
+        if refused_batch(&result, sents.len()) {
             // One row the database refuses must not fail its neighbours:
             // each row alone, each job its own answer.
-            for (key, reply) in keys.into_iter().zip(sent_replies) {
-                let result = sent_then_alone(store, &[key], &mut own(&sent_log, key.id), log).await;
-                answer(std::iter::once(key.id), vec![reply], result, Sent::NotFound);
+            for (step, reply) in sents.into_iter().zip(sent_replies) {
+                let id = step.seen.id;
+                let one = std::slice::from_ref(&step);
+                let result = sent_then_alone(store, one, &mut own(&sent_log, id), log).await;
+                answer(std::iter::once(id), vec![reply], result, Sent::NotFound);
             }
         } else {
-            let ids = keys.iter().map(|k| k.id);
+            let ids = sents.iter().map(|s| s.seen.id);
             answer(ids, sent_replies, result, Sent::NotFound);
         }
     }
     if !failures.is_empty() {
-        let result =
-            failures_then_alone(store, &failures, max_attempts, &mut failure_log, log).await;
+        let result = failures_then_alone(store, &failures, &mut failure_log, log).await;
         if refused_batch(&result, failures.len()) {
-            for (failure, reply) in failures.into_iter().zip(failure_replies) {
-                let id = failure.seen.id;
-                let result = failures_then_alone(
-                    store,
-                    std::slice::from_ref(&failure),
-                    max_attempts,
-                    &mut own(&failure_log, id),
-                    log,
-                )
-                .await;
+            for (step, reply) in failures.into_iter().zip(failure_replies) {
+                let id = step.seen.id;
+                let one = std::slice::from_ref(&step);
+                let result = failures_then_alone(store, one, &mut own(&failure_log, id), log).await;
                 answer(std::iter::once(id), vec![reply], result, Outcome::NotFound);
             }
         } else {
@@ -396,15 +378,15 @@ async fn write_batch(store: &Store, max_attempts: i32, log: &LogHealth, batch: V
 /// fails for its log row.
 async fn sent_then_alone(
     store: &Store,
-    keys: &[Key],
+    steps: &[Step],
     attempts: &mut Vec<Attempt>,
     log: &LogHealth,
 ) -> Result<HashMap<i64, Sent>, StoreError> {
-    let result = mark_sent_many(store, keys, attempts).await;
+    let result = mark_sent_many(store, steps, attempts).await;
     if !log_suspect(&result, attempts) {
         return result;
     }
-    let alone = mark_sent_many(store, keys, &[]).await;
+    let alone = mark_sent_many(store, steps, &[]).await;
     if let (Ok(_), Err(e)) = (&alone, &result) {
         log.refused(store, attempts.len(), e);
         attempts.clear();
@@ -415,16 +397,15 @@ async fn sent_then_alone(
 /// [`register_failure_many`], likewise.
 async fn failures_then_alone(
     store: &Store,
-    failures: &[Failure],
-    max_attempts: i32,
+    steps: &[Step],
     attempts: &mut Vec<Attempt>,
     log: &LogHealth,
 ) -> Result<HashMap<i64, Outcome>, StoreError> {
-    let result = register_failure_many(store, failures, max_attempts, attempts).await;
+    let result = register_failure_many(store, steps, attempts).await;
     if !log_suspect(&result, attempts) {
         return result;
     }
-    let alone = register_failure_many(store, failures, max_attempts, &[]).await;
+    let alone = register_failure_many(store, steps, &[]).await;
     if let (Ok(_), Err(e)) = (&alone, &result) {
         log.refused(store, attempts.len(), e);
         attempts.clear();
