@@ -54,6 +54,9 @@ pub struct AdminState {
     /// This replica's pauses and breakers (breaker states in
     /// `/admin/dispatchers`); `None` outside a running sidecar.
     pub holds: Option<Arc<crate::hold::Holds>>,
+    /// Each rate-limited dispatcher's limit for the group, as configured
+    /// (this replica's share is `outbox_dispatcher_rate_share`).
+    pub rates: std::collections::BTreeMap<String, crate::dispatch::rate::Rate>,
 }
 
 /// The open routes of `admin.listen`: `/metrics`, `/livez`, `/readyz`.

@@ -109,6 +109,14 @@ impl App {
             stall_limit: settings.max_poll_interval()?,
             dispatchers: settings.dispatcher_events(),
             holds: Some(holds.clone()),
+            rates: settings
+                .dispatchers
+                .iter()
+                .filter_map(|(name, d)| {
+                    let rate = crate::dispatch::rate::Rate::parse(d.rate.as_deref()?, d.burst);
+                    Some((name.clone(), rate.ok()?))
+                })
+                .collect(),
         };
         let server_shutdown = CancellationToken::new();
         let limits = ListenerLimits::from_settings(&settings);

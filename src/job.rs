@@ -94,6 +94,7 @@ impl JobContext {
             metrics
                 .dispatcher_throttled_seconds_total
                 .with_label_values(&[&name]);
+            metrics.dispatcher_rate_share.with_label_values(&[&name]);
         }
         let series = registry
             .event_names()
@@ -255,16 +256,18 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
             };
             // The dispatcher's rate limit: waited for in line, with no
             // slot held, counted as waiting so other dispatchers' events
-            // still start.
+            // still start. The turn is kept until the slot is taken.
+            let mut turn = None;
             if let Some((d, throttle)) = dispatcher
                 .and_then(|_| ctx.registry.get(&row.event_name))
                 .and_then(|d| d.throttle().map(|t| (d, t)))
             {
                 let _throttled = Throttled::new(&ctx);
-                let waited = tokio::select! {
+                let (t, waited) = tokio::select! {
                     _ = lease.cancelled() => return JobEnd::Cancelled,
                     waited = throttle.wait() => waited,
                 };
+                turn = Some(t);
                 ctx.metrics
                     .dispatcher_throttled_seconds_total
                     .with_label_values(&[d.name()])
@@ -279,6 +282,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                     Err(_) => return JobEnd::Cancelled,
                 },
             };
+            drop(turn);
             // A pause seen, or a breaker opened, while this job waited for
             // its slot.
             let mut probe = probe;

@@ -70,6 +70,8 @@ pub struct Metrics {
     pub signing_secret_reload_failures_total: IntCounterVec,
     /// Seconds jobs waited for their dispatcher's rate limit.
     pub dispatcher_throttled_seconds_total: prometheus::CounterVec,
+    /// This replica's share of each rate-limited dispatcher's limit.
+    pub dispatcher_rate_share: prometheus::GaugeVec,
     pub consumer_errors_total: IntCounterVec,
     /// What `/readyz` answers, for clusters that do not probe it (the
     /// shipped Deployment): set on every scrape.
@@ -250,6 +252,15 @@ impl Metrics {
             &["dispatcher"],
         ));
         reg(Box::new(dispatcher_throttled_seconds_total.clone()));
+        let dispatcher_rate_share = must(prometheus::GaugeVec::new(
+            Opts::new(
+                "outbox_dispatcher_rate_share",
+                "Requests per second this replica may send to a rate-limited dispatcher: its \
+                 share of rate by the partitions it owns (the group's shares add up to rate)",
+            ),
+            &["dispatcher"],
+        ));
+        reg(Box::new(dispatcher_rate_share.clone()));
         let consumer_errors_total = must(IntCounterVec::new(
             Opts::new(
                 "outbox_consumer_errors_total",
@@ -370,6 +381,7 @@ impl Metrics {
             history_writes_failed_total,
             signing_secret_reload_failures_total,
             dispatcher_throttled_seconds_total,
+            dispatcher_rate_share,
             consumer_errors_total,
             dead_letters_in_flight,
             ready,

@@ -159,7 +159,16 @@ async fn dispatcher_rows(admin: &AdminState, charts: bool) -> Vec<pages::Dispatc
         } else {
             Ok(None)
         };
+        let rate = admin.rates.get(name).map(|limit| {
+            let share = admin
+                .metrics
+                .dispatcher_rate_share
+                .with_label_values(&[name.as_str()])
+                .get();
+            (*limit, share)
+        });
         rows.push(pages::DispatcherRow {
+            rate,
             chart,
             paused: found.is_some_and(|d| d.paused),
             view: DispatcherView {

@@ -405,6 +405,9 @@ pub struct DispatcherRow {
     pub recent: Option<(i64, i64)>,
     /// Its attempts per minute over the last hour; `None` with the log off.
     pub chart: Result<Option<Chart>, String>,
+    /// Its rate limit for the group and this replica's share (requests a
+    /// second), when it has one.
+    pub rate: Option<(crate::dispatch::rate::Rate, f64)>,
 }
 
 /// The chart's width and height in SVG units: 60 bars of 12.
@@ -472,7 +475,7 @@ pub fn dispatchers(session: &Session, rows: &[DispatcherRow], notice: Option<&st
             @if let Some(n) = notice { p.notice #notice { (n) } }
             p.muted { "A paused dispatcher's events stay pending and use no attempt; every replica sees a pause within dispatch.pause_refresh. Resume announces its pending events again through the change feed." }
             table #dispatcher-list {
-                tr { th { "dispatcher" } th { "events" } th { "state" } th { "last 15 min (attempt log)" } th { "" } }
+                tr { th { "dispatcher" } th { "events" } th { "state" } th { "last 15 min (attempt log)" } th { "rate limit" } th { "" } }
                 @for r in rows {
                     tr id={ "dispatcher-" (r.view.name) } {
                         td { (r.view.name) }
@@ -485,6 +488,15 @@ pub fn dispatchers(session: &Session, rows: &[DispatcherRow], notice: Option<&st
                                 Some((ok, failed)) => {
                                     (failed) " failed of " (ok + failed)
                                     " (" (format!("{:.0}", 100.0 * failed as f64 / (ok + failed) as f64)) "%)"
+                                }
+                            }
+                        }
+                        td.rate-limit {
+                            @match r.rate {
+                                None => span.muted { "none" },
+                                Some((limit, share)) => {
+                                    (format!("{:.1}", limit.per_second)) "/s, burst " (limit.burst)
+                                    " for the group; this replica " (format!("{share:.1}")) "/s"
                                 }
                             }
                         }

@@ -326,6 +326,12 @@ impl Pipeline {
         self.ctx
             .registry
             .set_shares(owned.len(), known.max(highest));
+        for (name, view) in self.ctx.registry.shares() {
+            self.metrics
+                .dispatcher_rate_share
+                .with_label_values(&[&name])
+                .set(view.share.map_or(0.0, |s| s.per_second));
+        }
     }
 
     /// Gives cooperatively revoked partitions up once their wait ended.

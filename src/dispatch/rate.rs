@@ -70,11 +70,16 @@ impl Rate {
         })
     }
 
+    /// The bucket of this rate. Its burst is one less than `burst` (but at
+    /// least 1): the request that holds its turn while it waits for a send
+    /// slot took its token before, and may leave together with the next
+    /// ones, so the line itself adds one to what the bucket lets go.
     fn bucket(&self) -> Bucket {
         let period = Duration::from_secs_f64(1.0 / self.per_second);
+        let burst = self.burst.saturating_sub(1).max(1);
         let quota = Quota::with_period(period)
             .unwrap_or_else(|| Quota::per_second(NonZeroU32::MAX))
-            .allow_burst(NonZeroU32::new(self.burst).unwrap_or(NonZeroU32::MIN));
+            .allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN));
         RateLimiter::direct_with_clock(quota, MonotonicClock)
     }
 }
@@ -129,11 +134,24 @@ impl Throttle {
             c.total = total;
             return;
         }
+        // A new share starts with its burst spent, but for the first: the
+        // replicas that had the partitions before may have just used
+        // theirs, and a rebalance must not let the group burst twice.
+        let first = c.total == 0;
+        let bucket = share.map(|s| {
+            let b = s.bucket();
+            if !first {
+                for _ in 0..s.burst {
+                    let _ = b.check();
+                }
+            }
+            Arc::new(b)
+        });
         *c = Current {
             share,
             owned,
             total,
-            bucket: share.map(|s| Arc::new(s.bucket())),
+            bucket,
         };
     }
 
@@ -156,17 +174,21 @@ impl Throttle {
     }
 
     /// Waits until this replica's share lets one more request go; returns
-    /// how long it waited. Dropping the future leaves the line.
-    pub async fn wait(&self) -> Duration {
+    /// its turn and how long it waited. The turn is held until the request
+    /// has its send slot: the next in line takes no token before, so a
+    /// wait for a slot cannot bunch requests past the limit (in any second
+    /// at most `rate + burst + 1` leave). Dropping the future, or the turn,
+    /// leaves the line.
+    pub async fn wait(&self) -> (Turn<'_>, Duration) {
         let started = Instant::now();
-        let _turn = self.line.lock().await;
+        let turn = self.line.lock().await;
         loop {
             let pause = match self.bucket() {
                 // No partition owned: no share to send with (a revoke under
                 // way cancels this job, an assign gives a share).
                 None => RECHECK,
                 Some(bucket) => match bucket.check() {
-                    Ok(()) => return started.elapsed(),
+                    Ok(()) => return (Turn(turn), started.elapsed()),
                     Err(not_until) => not_until.wait_time_from(bucket.clock().now()).min(RECHECK),
                 },
             };
@@ -174,6 +196,9 @@ impl Throttle {
         }
     }
 }
+
+/// A request's place at the head of its dispatcher's line.
+pub struct Turn<'a>(#[allow(dead_code)] tokio::sync::MutexGuard<'a, ()>);
 
 #[cfg(test)]
 mod tests {
@@ -211,18 +236,16 @@ mod tests {
     #[tokio::test]
     async fn a_share_lets_its_burst_go_at_once_then_paces() {
         let t = Throttle::new(Rate::parse("20/s", Some(4)).unwrap());
-        t.set_share(3, 6); // 10/s, burst 2
+        t.set_share(3, 6); // 10/s, burst 2: a bucket of 1, and the line's 1
         let v = t.view();
         assert_eq!(v.share.unwrap().burst, 2);
-        for _ in 0..2 {
-            t.wait().await;
-        }
-        // The burst used, the third waits about a tenth of a second.
-        let waited = t.wait().await;
+        t.wait().await;
+        // The burst used, the second waits about a tenth of a second.
+        let (_, waited) = t.wait().await;
         assert!(waited >= Duration::from_millis(60), "{waited:?}");
         // An unchanged share keeps its bucket: still paced.
         t.set_share(3, 6);
-        assert!(t.wait().await >= Duration::from_millis(60));
+        assert!(t.wait().await.1 >= Duration::from_millis(60));
     }
 
     #[tokio::test]
@@ -230,10 +253,11 @@ mod tests {
         let t = Arc::new(Throttle::new(Rate::parse("100/s", None).unwrap()));
         let waiter = tokio::spawn({
             let t = t.clone();
-            async move { t.wait().await }
+            async move { t.wait().await.1 }
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
+        // While one holds its turn, the next in line waits.
         t.set_share(1, 2);
         tokio::time::timeout(Duration::from_secs(5), waiter)
             .await

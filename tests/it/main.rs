@@ -17,6 +17,7 @@ mod operations;
 mod pg_tls;
 mod pipeline;
 mod process;
+mod rate;
 mod readme;
 mod shapes;
 mod signing;

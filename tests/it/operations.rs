@@ -515,6 +515,7 @@ async fn liveness_fails_when_the_consumer_loop_stops_turning() {
         stall_limit: Duration::from_millis(300),
         dispatchers: Default::default(),
         holds: None,
+        rates: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/livez", listener.local_addr().unwrap());
