@@ -43,6 +43,10 @@ use crate::store::history::Attempt;
 use crate::store::{Outcome, RowRead, Store, StoreError};
 use crate::transition;
 
+/// The status writes a job makes, as `outbox_db_write_retries_total{to}`
+/// and `outbox_status_writes_given_up_total{to}` name them.
+pub const WRITES: [&str; 2] = ["sent", "failure"];
+
 /// What a job needs, shared by all jobs.
 pub struct JobContext {
     pub store: Store,
@@ -349,7 +353,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                 Delivery::Delivered { status, .. } => {
                     series.success.inc();
                     let next = transition::after_success(&row, crate::store::now());
-                    let written = write(&ctx, "sent", || {
+                    let written = write(&ctx, WRITES[0], || {
                         ctx.status_writer.mark_sent(&row, &next, record.as_ref())
                     })
                     .await;
@@ -390,7 +394,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                     crate::store::now(),
                     ctx.max_attempts,
                 );
-                let written = write(&ctx, "failure", || {
+                let written = write(&ctx, WRITES[1], || {
                     ctx.status_writer
                         .register_failure(&row, &next, record.as_ref())
                 })

@@ -424,6 +424,22 @@ pub(super) fn dead_letter_producer(
     Ok(Some((producer, topic.clone())))
 }
 
+/// Every `outbox_consumer_errors_total{kind}`: what [`error_kind`] returns,
+/// and `offset_reset` from librdkafka's log.
+pub const CONSUMER_ERROR_KINDS: [&str; 7] = [
+    "decompression",
+    "corrupt_record",
+    "offset_reset",
+    "transport",
+    "unknown_topic",
+    "authorization",
+    "other",
+];
+/// `outbox_consumer_rebalances_total{protocol}`.
+pub const REBALANCE_PROTOCOLS: [&str; 2] = ["eager", "cooperative"];
+/// `outbox_consumer_rebalances_total{kind}`.
+pub const REBALANCE_KINDS: [&str; 3] = ["assign", "revoke", "lost"];
+
 /// A bounded label for `outbox_consumer_errors_total{kind}`.
 pub(super) fn error_kind(e: &KafkaError) -> &'static str {
     use rdkafka::types::RDKafkaErrorCode as C;
@@ -476,5 +492,32 @@ pub(super) async fn dead_letter(
     }
     if let Err((e, _)) = producer.send(record, Duration::from_secs(10)).await {
         error!(error = %e, topic = %topic, "cannot write the invalid record to the dead-letter topic");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::types::RDKafkaErrorCode as C;
+
+    /// Every kind the consumer reports is one the metrics create at zero.
+    #[test]
+    fn every_error_kind_is_listed() {
+        for code in [
+            C::BadCompression,
+            C::BadMessage,
+            C::InvalidRecord,
+            C::OffsetOutOfRange,
+            C::AllBrokersDown,
+            C::BrokerTransportFailure,
+            C::UnknownTopicOrPartition,
+            C::TopicAuthorizationFailed,
+            C::GroupAuthorizationFailed,
+            C::RequestTimedOut,
+        ] {
+            let kind = error_kind(&KafkaError::MessageConsumption(code));
+            assert!(CONSUMER_ERROR_KINDS.contains(&kind), "{code:?}: {kind}");
+        }
+        assert!(CONSUMER_ERROR_KINDS.contains(&"offset_reset"));
     }
 }

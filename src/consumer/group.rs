@@ -38,6 +38,10 @@ use tracing::{info, warn};
 use crate::lease::Lease;
 use crate::metrics::Metrics;
 
+/// `outbox_revoke_held_requests_total{outcome}`: POSTs a revoke waited for
+/// that wrote their status, and those given up at the hold limit.
+pub const HELD_OUTCOMES: [&str; 2] = ["written", "given_up"];
+
 /// Where the consumer is in its life, as far as waiting for POSTs goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -370,10 +374,10 @@ impl Held {
             return;
         }
         let held = &metrics.revoke_held_requests_total;
-        held.with_label_values(&["written"])
+        let [written, given_up] = HELD_OUTCOMES;
+        held.with_label_values(&[written])
             .inc_by(self.busy.saturating_sub(self.left) as u64);
-        held.with_label_values(&["given_up"])
-            .inc_by(self.left as u64);
+        held.with_label_values(&[given_up]).inc_by(self.left as u64);
         if self.left > 0 {
             warn!(
                 requests = self.left,

@@ -177,6 +177,28 @@ pub enum Flow {
     Resume,
 }
 
+/// Change events the scheduler finishes without a job of their own
+/// (`outbox_cdc_skips_total{reason}`, beside [`crate::cdc::Skip`]'s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScheduleSkip {
+    /// A newer event for an id whose job is running: decided when it ends.
+    JobRunning,
+    /// The row was deleted while its event waited for it to be visible.
+    RowMissing,
+}
+
+impl ScheduleSkip {
+    /// Every [`ScheduleSkip::reason`].
+    pub const REASONS: [&'static str; 2] = ["job_running", "row_missing"];
+
+    pub fn reason(self) -> &'static str {
+        match self {
+            ScheduleSkip::JobRunning => "job_running",
+            ScheduleSkip::RowMissing => "row_missing",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_in_flight: usize,
@@ -391,7 +413,7 @@ impl Scheduler {
             Some(_) => {
                 self.metrics
                     .cdc_skips_total
-                    .with_label_values(&["job_running"])
+                    .with_label_values(&[ScheduleSkip::JobRunning.reason()])
                     .inc();
                 self.deferred.entry(id).or_default().push((pos, expect));
             }
@@ -407,7 +429,7 @@ impl Scheduler {
         if let Some((_, w)) = self.rechecks.remove(&id) {
             self.metrics
                 .cdc_skips_total
-                .with_label_values(&["row_missing"])
+                .with_label_values(&[ScheduleSkip::RowMissing.reason()])
                 .inc();
             info!(
                 id,
