@@ -58,10 +58,11 @@ impl App {
         let store = Store::open(&settings).await?;
         store.check_table().await?;
         store.check_own_tables().await?;
+        let background = Store::open_background(&settings).await?;
         let registry = Registry::from_settings(&settings.dispatchers)?;
         metrics.register_dispatchers(settings.dispatchers.keys().map(String::as_str));
         let holds = Arc::new(Holds::new(
-            store.clone(),
+            background.clone(),
             metrics.clone(),
             settings.dispatch.pause_refresh,
             settings
@@ -140,7 +141,7 @@ impl App {
             server_shutdown.clone(),
         );
         let gauges = tokio::spawn(refresh_gauges(
-            store.clone(),
+            background,
             metrics.clone(),
             settings.metrics.refresh_interval,
             shutdown.clone(),

@@ -22,6 +22,11 @@ pub struct DatabaseSettings {
     pub max_connections: u32,
     #[serde(default = "default_connect_timeout", with = "duration")]
     pub connect_timeout: Duration,
+    /// A pooled connection unused this long is closed: a replica with
+    /// nothing to send shrinks to the one connection its periodic reads
+    /// (gauges, pauses) keep open.
+    #[serde(default = "default_idle_timeout", with = "duration")]
+    pub idle_timeout: Duration,
 }
 
 impl Default for DatabaseSettings {
@@ -32,6 +37,7 @@ impl Default for DatabaseSettings {
             table: default_table(),
             max_connections: default_max_connections(),
             connect_timeout: default_connect_timeout(),
+            idle_timeout: default_idle_timeout(),
         }
     }
 }
@@ -44,6 +50,9 @@ fn default_max_connections() -> u32 {
 }
 fn default_connect_timeout() -> Duration {
     Duration::from_secs(5)
+}
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(60)
 }
 
 impl DatabaseSettings {

@@ -75,6 +75,9 @@ fn connect_message(url: &str, err: &DbErr) -> String {
     }
 }
 
+/// How long an unused pooled connection stays open, unless configured.
+const DEFAULT_IDLE: Duration = Duration::from_secs(60);
+
 impl Store {
     /// Opens a pool; `sqlite:` URLs get `mode=rwc` so a new file is created.
     pub async fn connect(
@@ -83,10 +86,23 @@ impl Store {
         max_connections: u32,
         connect_timeout: Duration,
     ) -> Result<Self, StoreError> {
+        Self::connect_pool(url, table, max_connections, connect_timeout, DEFAULT_IDLE).await
+    }
+
+    /// [`Store::connect`] with the pool's idle timeout: connections unused
+    /// that long are closed (none is kept open at rest).
+    pub async fn connect_pool(
+        url: &str,
+        table: &str,
+        max_connections: u32,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Result<Self, StoreError> {
         install_crypto_provider();
         let mut opts = ConnectOptions::new(url.to_owned());
         opts.max_connections(max_connections)
             .min_connections(0)
+            .idle_timeout(idle_timeout)
             .connect_timeout(connect_timeout)
             .acquire_timeout(connect_timeout)
             // sqlx pings every connection it hands out (its default):
@@ -111,11 +127,28 @@ impl Store {
     /// [`Store::connect`] with the settings' database, history and
     /// dispatch keys.
     pub async fn open(settings: &crate::config::Settings) -> Result<Self, StoreError> {
-        let store = Self::connect(
+        Self::open_with(settings, settings.database.max_connections).await
+    }
+
+    /// A store of its own one-connection pool, for the periodic reads every
+    /// replica makes (table gauges, pauses): they never open a second
+    /// connection, and the main pool, which only the work uses, shrinks to
+    /// none when there is no work (sqlx hands its idle connections out in
+    /// turn, so periodic reads on it would keep every one of them alive).
+    pub async fn open_background(settings: &crate::config::Settings) -> Result<Self, StoreError> {
+        Self::open_with(settings, 1).await
+    }
+
+    async fn open_with(
+        settings: &crate::config::Settings,
+        max_connections: u32,
+    ) -> Result<Self, StoreError> {
+        let store = Self::connect_pool(
             settings.database_url(),
             &settings.database.table,
-            settings.database.max_connections,
+            max_connections,
             settings.database.connect_timeout,
+            settings.database.idle_timeout,
         )
         .await?
         .with_pause_table(&settings.dispatch.pause_table);

@@ -171,3 +171,66 @@ async fn a_delete_and_its_tombstone_are_skipped_without_reading_the_table() {
     txn.rollback().await.expect("unlock");
     app.stop().await;
 }
+
+/// Connections the sidecar holds to its database, by the application name
+/// its URL gives them.
+async fn connections(conn: &sea_orm::DatabaseConnection, app: &str) -> i64 {
+    let row = conn
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = $1",
+            [app.into()],
+        ))
+        .await
+        .expect("pg_stat_activity")
+        .expect("a row");
+    row.try_get("", "n").expect("n")
+}
+
+/// After work, a sidecar with nothing to do shrinks to the one connection
+/// of its periodic reads (gauges, pauses): its work pool closes what it
+/// does not use, and the periodic reads do not keep it alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_sidecar_holds_one_database_connection() {
+    let t = prepare_on(
+        Kafka::start(),
+        Options {
+            max_in_flight: 8,
+            ..Options::default()
+        },
+        Receiver::accepting().await,
+    )
+    .await;
+    let name = crate::harness::unique("idle-pool");
+    let mut settings = t.settings(&t.group);
+    settings.database.url = Some(outbox_sidecar::config::DatabaseUrl::new(format!(
+        "{}?application_name={name}",
+        t.db.url
+    )));
+    settings.database.idle_timeout = Duration::from_secs(2);
+    settings.metrics.refresh_interval = Duration::from_millis(200);
+    let app = start_with(settings).await;
+    let mut ids = Vec::new();
+    for i in 0..100 {
+        ids.push(t.insert("accounts.purchase_create", json!({"n": i})).await);
+    }
+    for id in &ids {
+        t.wait_status(*id, entity::Status::Sent, Duration::from_secs(60))
+            .await;
+    }
+    let conn = sea_orm::Database::connect(&t.db.url)
+        .await
+        .expect("connect");
+    let busy = connections(&conn, &name).await;
+    eprintln!("connections after the work: {busy}");
+    eventually(
+        "the idle sidecar to hold one connection",
+        Duration::from_secs(30),
+        || {
+            let (conn, name) = (&conn, &name);
+            async move { (connections(conn, name).await <= 1).then_some(()) }
+        },
+    )
+    .await;
+    app.stop().await;
+}
