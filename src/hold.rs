@@ -342,8 +342,47 @@ impl Holds {
                 }
             }
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => {
+                    self.announce_parked_at_exit(&dispatchers).await;
+                    return;
+                }
                 _ = tokio::time::sleep(BREAKER_TICK) => {}
+            }
+        }
+    }
+
+    /// At shutdown: a breaker and what it parked end with this replica, so
+    /// the pending rows of each dispatcher whose breaker parked some are
+    /// announced again, for the next owner of their partitions (this
+    /// replica restarted, or another) to decide. Bounded by
+    /// [`EXIT_ANNOUNCE_LIMIT`]; what is left is said at ERROR with the
+    /// command that finishes it.
+    async fn announce_parked_at_exit(&self, dispatchers: &BTreeMap<String, Vec<String>>) {
+        for (name, breaker) in &self.breakers {
+            if !breaker
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .has_parked()
+            {
+                continue;
+            }
+            let events = dispatchers.get(name).map(Vec::as_slice).unwrap_or(&[]);
+            let mut noop = |_| {};
+            let announced = tokio::time::timeout(
+                EXIT_ANNOUNCE_LIMIT,
+                self.store.retrigger_pending_of(events, &mut noop),
+            )
+            .await;
+            match announced {
+                Ok(Ok(n)) => {
+                    tracing::info!(dispatcher = %name, announced = n, "stopping: the events this replica's breaker parked announced again for the next owner");
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(dispatcher = %name, error = %e, "stopping: the events this replica's breaker parked could not all be announced again; run `outbox-sidecar dispatchers resume {name}` once a replica runs");
+                }
+                Err(_) => {
+                    tracing::error!(dispatcher = %name, limit = ?EXIT_ANNOUNCE_LIMIT, "stopping: announcing the events this replica's breaker parked took too long; run `outbox-sidecar dispatchers resume {name}` once a replica runs");
+                }
             }
         }
     }
@@ -367,6 +406,9 @@ pub const LAST_ATTEMPT_PROBE_DELAY: Duration = Duration::from_secs(1);
 
 /// How often the breakers' clocks are read.
 const BREAKER_TICK: Duration = Duration::from_millis(500);
+
+/// How long shutdown spends announcing the rows breakers parked.
+const EXIT_ANNOUNCE_LIMIT: Duration = Duration::from_secs(10);
 
 /// Parked ids a breaker keeps as probe candidates.
 const PROBE_CANDIDATES: usize = 16;
@@ -468,6 +510,11 @@ impl Breaker {
     }
 
     /// Every pending row was announced again after the breaker closed.
+    /// Rows were parked since they were last announced.
+    pub fn has_parked(&self) -> bool {
+        self.parked.count > 0 || self.parked.announce_all
+    }
+
     pub fn announced_all(&mut self) {
         self.parked.announce_all = false;
     }

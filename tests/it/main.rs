@@ -2,6 +2,7 @@
 //! Kafka-protocol broker (librdkafka's mock cluster, or
 //! `OUTBOX_TEST_KAFKA_BROKERS`) and real HTTP receivers.
 
+mod breaker;
 mod cli;
 mod console;
 mod consumer;

@@ -557,7 +557,7 @@ fn bad_configurations_exit_2_naming_the_key() {
     let cases = [
         (
             "[database]\nurl = \"sqlite::memory:\"\nurll = \"x\"\n",
-            "error: invalid configuration: unknown field `urll`, expected one of `url`, `url_file`, `table`, `max_connections`, `connect_timeout` for key `database`\n",
+            "error: invalid configuration: unknown field `urll`, expected one of `url`, `url_file`, `table`, `max_connections`, `connect_timeout`, `idle_timeout` for key `database`\n",
         ),
         (
             "[database]\nurl = \"sqlite::memory:\"\n[dispatchers.accounts]\nevents = [\"accounts.purchase_create\"]\n",
