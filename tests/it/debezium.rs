@@ -15,6 +15,7 @@
 mod bridge;
 mod load;
 mod race;
+mod shipped;
 mod shapes;
 mod table;
 
