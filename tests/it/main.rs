@@ -4,6 +4,7 @@
 
 mod cli;
 mod console;
+mod broker;
 mod consumer;
 mod db;
 mod debezium;

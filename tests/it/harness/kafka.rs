@@ -155,6 +155,37 @@ impl Kafka {
         }
     }
 
+    /// Deletes `topic` (DeleteTopics, as an operator or a recreated
+    /// connector's cleanup would).
+    pub async fn delete_topic(&self, topic: &str) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()
+            .expect("admin client");
+        let got = admin
+            .delete_topics(&[topic], &AdminOptions::new())
+            .await
+            .expect("delete topic");
+        for r in got {
+            if let Err((name, e)) = r {
+                panic!("delete topic {name}: {e}");
+            }
+        }
+    }
+
+    /// Whether the broker's metadata has `topic` (without creating it).
+    pub fn topic_exists(&self, topic: &str) -> bool {
+        let client: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .expect("metadata client");
+        client
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .map(|m| m.topics().first().is_some_and(|t| t.error().is_none()))
+            .unwrap_or(false)
+    }
+
     /// The group's committed offsets (next offset to read) per partition;
     /// -1 where nothing is committed.
     pub fn committed(&self, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
@@ -176,6 +207,18 @@ impl Kafka {
                 _ => -1,
             })
             .collect()
+    }
+
+    /// The oldest offset `partition` still holds (ListOffsets earliest).
+    pub fn log_start(&self, topic: &str, partition: i32) -> i64 {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()
+            .expect("watermark reader");
+        consumer
+            .fetch_watermarks(topic, partition, Duration::from_secs(10))
+            .expect("watermarks")
+            .0
     }
 
     /// High watermarks (one past the last message) per partition.

@@ -95,11 +95,6 @@ impl Tansu {
             }
         }
     }
-
-    /// The broker's output so far (its log file).
-    pub fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
 }
 
 impl Drop for Tansu {
