@@ -81,6 +81,25 @@ fn retrigger_pending(t: &TestApp) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// Rows whose change events are gone (`why`) stay pending; `events
+/// retrigger --pending-older-than` announces exactly them again, and they
+/// are sent.
+async fn recover_stranded(t: &TestApp, stranded: &[i64], why: &str) {
+    for id in stranded {
+        assert_eq!(
+            t.row(*id).await.status,
+            Status::Pending,
+            "row {id}: its change event {why}"
+        );
+    }
+    let said = retrigger_pending(t);
+    assert_eq!(
+        said,
+        format!("retriggered {} pending event(s)", stranded.len())
+    );
+    all_sent(t, stranded).await;
+}
+
 /// tansu killed and started again on the same port with memory storage:
 /// an empty broker, without the topic, the group or its offsets. First
 /// under a running sidecar, then while it is stopped with change events
@@ -122,19 +141,7 @@ async fn a_broker_restarted_empty_loses_nothing_pending() {
     t.start().await;
     let third = insert_n(&t, "after a restart while stopped", 3).await;
     all_sent(&t, &third).await;
-    for id in &stranded {
-        assert_eq!(
-            t.row(*id).await.status,
-            Status::Pending,
-            "row {id}'s change event went with the broker"
-        );
-    }
-    let said = retrigger_pending(&t);
-    assert_eq!(
-        said,
-        format!("retriggered {} pending event(s)", stranded.len())
-    );
-    all_sent(&t, &stranded).await;
+    recover_stranded(&t, &stranded, "went with the broker").await;
     for id in first.iter().chain(&second).chain(&third).chain(&stranded) {
         assert_eq!(t.receiver.for_id(*id).len(), 1, "event {id} sent once");
     }
@@ -403,19 +410,7 @@ async fn records_deleted_before_the_group_read_them_are_recovered_by_retrigger()
     })
     .await;
     t.wait_all_committed(&t.group, T).await;
-    for id in &stranded {
-        assert_eq!(
-            t.row(*id).await.status,
-            Status::Pending,
-            "row {id}: its change event was deleted before it was read"
-        );
-    }
-    let said = retrigger_pending(&t);
-    assert_eq!(
-        said,
-        format!("retriggered {} pending event(s)", stranded.len())
-    );
-    all_sent(&t, &stranded).await;
+    recover_stranded(&t, &stranded, "was deleted before it was read").await;
     for id in first.iter().chain(&stranded) {
         assert_eq!(t.receiver.for_id(*id).len(), 1, "event {id} sent once");
     }
