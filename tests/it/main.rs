@@ -1,8 +1,10 @@
 //! The integration tests: real PostgreSQL / MariaDB / SQLite, a real
-//! Kafka-protocol broker (librdkafka's mock cluster, or
-//! `OUTBOX_TEST_KAFKA_BROKERS`) and real HTTP receivers.
+//! Kafka-protocol broker (librdkafka's mock cluster, tansu with
+//! `OUTBOX_TEST_BROKER=tansu`, or `OUTBOX_TEST_KAFKA_BROKERS`; see
+//! docs/brokers.md) and real HTTP receivers.
 
 mod breaker;
+mod broker;
 mod cli;
 mod console;
 mod consumer;

@@ -91,8 +91,20 @@ impl Bridge {
             .open(self.stdout())
             .unwrap();
         let err = out.try_clone().unwrap();
+        // The database server of the test (`OUTBOX_TEST_PG_URL` may name
+        // another than 127.0.0.1:5432).
+        let db = url::Url::parse(&s.db_url).expect("the test database URL");
         let mut cmd = Command::new(python());
         cmd.arg(root().join("tests/debezium/bridge.py"))
+            .args(["--db-host", db.host_str().unwrap_or("127.0.0.1")])
+            .args(["--db-port", &db.port().unwrap_or(5432).to_string()])
+            .args([
+                "--db-user",
+                Some(db.username())
+                    .filter(|u| !u.is_empty())
+                    .unwrap_or("postgres"),
+            ])
+            .args(["--db-password", db.password().unwrap_or_default()])
             .arg("--connector")
             .arg(connector_path())
             .args(["--bootstrap", &s.brokers, "--topic", &s.topic])
@@ -129,6 +141,20 @@ impl Bridge {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
+    /// The engine's ERROR lines with the line after each (the exception),
+    /// which the last lines can miss behind a configuration dump.
+    pub fn errors(&self) -> String {
+        let text = std::fs::read_to_string(self.stdout()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let mut out: Vec<&str> = Vec::new();
+        for (i, l) in lines.iter().enumerate() {
+            if l.contains("[ERROR]") {
+                out.extend(lines.get(i..(i + 2).min(lines.len())).unwrap_or_default());
+            }
+        }
+        out[out.len().saturating_sub(20)..].join("\n")
+    }
+
     /// Records the bridge produced, over all its runs (from its `batch`
     /// lines: each run counts from 0).
     pub fn produced(&self) -> u64 {
@@ -156,7 +182,11 @@ impl Bridge {
     fn assert_alive(&mut self) {
         if let Some(c) = self.child.as_mut() {
             if let Some(status) = c.try_wait().unwrap() {
-                panic!("the Debezium bridge exited ({status}):\n{}", self.tail());
+                panic!(
+                    "the Debezium bridge exited ({status}); its errors:\n{}\nits last lines:\n{}",
+                    self.errors(),
+                    self.tail()
+                );
             }
         }
     }
@@ -372,18 +402,7 @@ impl Tail {
     /// partition then offset order.
     pub fn records(&self) -> Vec<Rec> {
         let n = self.next.lock().unwrap().len();
-        let reader: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
-            .create()
-            .unwrap();
-        let ends: Vec<i64> = (0..n as i32)
-            .map(|p| {
-                reader
-                    .fetch_watermarks(&self.topic, p, Duration::from_secs(10))
-                    .expect("watermarks")
-                    .1
-            })
-            .collect();
+        let ends = crate::harness::kafka::high_watermarks(&self.brokers, &self.topic, n as i32);
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let next = self.next.lock().unwrap().clone();
@@ -429,14 +448,10 @@ pub fn read_topic(brokers: &str, topic: &str, partitions: i32) -> Vec<Rec> {
         .create()
         .unwrap();
     let mut tpl = TopicPartitionList::new();
-    let mut ends = Vec::new();
+    let ends = crate::harness::kafka::high_watermarks(brokers, topic, partitions);
     for p in 0..partitions {
         tpl.add_partition_offset(topic, p, Offset::Beginning)
             .unwrap();
-        let (_, high) = consumer
-            .fetch_watermarks(topic, p, Duration::from_secs(10))
-            .expect("watermarks");
-        ends.push(high);
     }
     consumer.assign(&tpl).unwrap();
     let mut next = vec![0i64; partitions as usize];

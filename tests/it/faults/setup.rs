@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use rdkafka::mocking::MockCluster;
 
-use crate::db::{self, Source};
 use crate::harness::{Kafka, Options, Receiver, TestApp};
 
 /// The bound on any single wait of a scenario.
@@ -32,15 +31,9 @@ pub fn seed(fixed: u64) -> u64 {
 /// Whether librdkafka's mock cluster is in use; prints why a mock-only
 /// scenario is skipped when it is not.
 pub fn mock_cluster_or_skip(scenario: &str) -> bool {
-    let local = db::source(db::KAFKA_BROKERS_ENV) == Source::Local;
-    if !local {
-        println!(
-            "faults {scenario}: skipped: broker fault injection needs librdkafka's mock cluster, \
-             and {} (or a Docker engine) names a real broker",
-            db::KAFKA_BROKERS_ENV
-        );
-    }
-    local
+    !crate::harness::kafka::mock_only(&format!(
+        "faults {scenario}: broker fault injection needs librdkafka's mock cluster"
+    ))
 }
 
 /// splitmix64: small, seeded and good enough to pick faults.
@@ -75,12 +68,7 @@ pub fn mix(mut z: u64) -> u64 {
 /// [`mock_cluster_or_skip`]).
 pub async fn prepare(opts: Options, receiver: Receiver, brokers: i32) -> TestApp {
     let kafka = if brokers > 1 {
-        let cluster = MockCluster::new(brokers).expect("start a mock cluster");
-        let bootstrap = cluster.bootstrap_servers();
-        Kafka {
-            cluster: Some(cluster),
-            brokers: bootstrap,
-        }
+        Kafka::mock(MockCluster::new(brokers).expect("start a mock cluster"))
     } else {
         Kafka::start()
     };

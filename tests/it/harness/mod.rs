@@ -9,6 +9,7 @@ pub mod feed;
 pub mod kafka;
 pub mod proxy;
 pub mod receiver;
+pub mod tansu;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -301,12 +302,16 @@ impl Drop for TestApp {
     /// A test that failed (or did not stop its sidecar) leaves the sidecar
     /// running until the runtime drops it; the consumer's close then waits
     /// for the broker, and destroying the mock cluster first can block it
-    /// forever, hanging the whole test binary (seen: 2026-11-30). Leak the
-    /// cluster instead (the process ends soon after).
+    /// forever, hanging the whole test binary. Leak the cluster instead (the
+    /// process ends soon after). A tansu broker is leaked the same way: its
+    /// parent-death signal ends it with the test's thread.
     fn drop(&mut self) {
         if std::thread::panicking() || self.app.is_some() {
             if let Some(cluster) = self.kafka.cluster.take() {
                 std::mem::forget(cluster);
+            }
+            if let Some(tansu) = self.kafka.tansu.take() {
+                std::mem::forget(tansu);
             }
         }
     }
