@@ -308,30 +308,11 @@ impl Pipeline {
         self.set_shares(sched);
     }
 
-    /// Each rate-limited dispatcher takes this replica's share: the
-    /// partitions it owns of the topic's. Without the topic's size from
-    /// the broker the highest partition owned stands in for it (the share
-    /// may then be too large: said at WARN).
+    /// Each rate-limited dispatcher takes this replica's share of the
+    /// partitions it owns ([`crate::dispatch::Registry::take_shares`]).
     fn set_shares(&self, sched: &Scheduler) {
-        let owned = sched.partitions();
-        let highest = owned.iter().max().map_or(0, |p| *p as usize + 1);
         let known = self.topic_partitions.load(Ordering::Relaxed);
-        if known == 0 && !owned.is_empty() {
-            warn!(
-                topic = %self.topic,
-                "the topic's partition count is unknown (no metadata at the assign): rate limits \
-                 take the share of the highest partition owned, which may exceed this replica's"
-            );
-        }
-        self.ctx
-            .registry
-            .set_shares(owned.len(), known.max(highest));
-        for (name, view) in self.ctx.registry.shares() {
-            self.metrics
-                .dispatcher_rate_share
-                .with_label_values(&[&name])
-                .set(view.share.map_or(0.0, |s| s.per_second));
-        }
+        (self.ctx.registry).take_shares(&sched.partitions(), known, &self.topic, &self.metrics);
     }
 
     /// Gives cooperatively revoked partitions up once their wait ended.

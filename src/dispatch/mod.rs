@@ -471,6 +471,34 @@ impl Registry {
         }
     }
 
+    /// Each rate-limited dispatcher takes the share of a replica owning
+    /// `owned` of the topic's `known` partitions (0: unknown; the highest
+    /// partition owned then stands in, and the share may be too large:
+    /// said at WARN), and `outbox_dispatcher_rate_share` says it.
+    pub fn take_shares(
+        &self,
+        owned: &[i32],
+        known: usize,
+        topic: &str,
+        metrics: &crate::metrics::Metrics,
+    ) {
+        let highest = owned.iter().max().map_or(0, |p| *p as usize + 1);
+        if known == 0 && !owned.is_empty() {
+            tracing::warn!(
+                topic,
+                "the topic's partition count is unknown (no metadata at the assign): rate limits \
+                 take the share of the highest partition owned, which may exceed this replica's"
+            );
+        }
+        self.set_shares(owned.len(), known.max(highest));
+        for (name, view) in self.shares() {
+            metrics
+                .dispatcher_rate_share
+                .with_label_values(&[&name])
+                .set(view.share.map_or(0.0, |s| s.per_second));
+        }
+    }
+
     /// Each dispatcher's limit and this replica's share of it.
     pub fn shares(&self) -> Vec<(String, rate::ShareView)> {
         let mut out: Vec<_> = self
