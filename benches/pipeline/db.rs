@@ -59,6 +59,7 @@ impl Env {
         topic: &str,
         admin_port: u16,
         receiver: &Receiver,
+        extra: &str,
     ) -> Result<String> {
         let toml = format!(
             r#"
@@ -84,9 +85,10 @@ timeout = "10s"
 Authorization = "Bearer bench-token"
 [admin]
 listen = "127.0.0.1:{admin_port}"
+api_listen = "127.0.0.1:0"
 [log]
 level = "error"
-"#,
+{extra}"#,
             mif = self.opts.max_in_flight,
             url = receiver.url,
             ca_file = receiver
@@ -117,6 +119,55 @@ pub(crate) async fn open_store(url: &str, table: &str, pool: u32) -> Result<Stor
 /// `notes` array of md5 strings, distinct per row so the broker's lz4 does
 /// not squeeze them away.
 pub(crate) async fn insert_rows(store: &Store, n: usize, payload_bytes: usize) -> Result<()> {
+    let sql = format!(
+        r#"INSERT INTO {t} (event_name, payload, status, attempts, created_at, updated_at)
+SELECT e, {payload}, 'pending', 0, now() AT TIME ZONE 'utc', now() AT TIME ZONE 'utc'
+FROM (SELECT g, {name} AS e FROM generate_series(1, {n}) AS g) AS s
+ORDER BY g"#,
+        t = store.table(),
+        payload = payload_sql(payload_bytes),
+        name = event_name_sql(),
+    );
+    insert(store, &sql, n).await
+}
+
+/// A history of `n` rows sent long ago, in one statement: the same
+/// payloads, created one after the other over the last two years (oldest
+/// first, so ids and times rise together), each sent two seconds after it
+/// was created at its first attempt. Then VACUUM (ANALYZE), as autovacuum
+/// would have done to a table that old.
+pub(crate) async fn seed_history(store: &Store, n: usize) -> Result<()> {
+    let step_s = 2.0 * 365.0 * 86_400.0 / n.max(1) as f64;
+    let sql = format!(
+        r#"INSERT INTO {t} (event_name, payload, status, attempts, created_at, updated_at, sent_at)
+SELECT e, {payload}, 'sent', 1, c, c + interval '2 seconds', c + interval '2 seconds'
+FROM (SELECT g, {name} AS e,
+             (now() AT TIME ZONE 'utc') - make_interval(secs => ({n} - g + 1) * {step_s}) AS c
+      FROM generate_series(1, {n}) AS g) AS s
+ORDER BY g"#,
+        t = store.table(),
+        payload = payload_sql(0),
+        name = event_name_sql(),
+    );
+    insert(store, &sql, n).await?;
+    store
+        .connection()
+        .execute_unprepared(&format!("VACUUM (ANALYZE) {}", store.table()))
+        .await
+        .context("vacuuming the history")?;
+    Ok(())
+}
+
+/// The event name of row `g`, one of [`EVENT_NAMES`] in turn.
+fn event_name_sql() -> String {
+    format!(
+        "(ARRAY['{}', '{}', '{}'])[1 + g % 3]",
+        EVENT_NAMES[0], EVENT_NAMES[1], EVENT_NAMES[2]
+    )
+}
+
+/// The payload of row `g` and event name `e` (see [`insert_rows`]).
+fn payload_sql(payload_bytes: usize) -> String {
     // Each md5 string takes 35 bytes of the payload's JSON text.
     let notes = payload_bytes.saturating_sub(350).div_ceil(35);
     let pad = if notes == 0 {
@@ -127,28 +178,22 @@ pub(crate) async fn insert_rows(store: &Store, n: usize, payload_bytes: usize) -
              FROM generate_series(1, {notes}) AS i)"
         )
     };
-    let sql = format!(
-        r#"INSERT INTO {t} (event_name, payload, status, attempts, created_at, updated_at)
-SELECT e,
-       jsonb_build_object('event_type', e, 'data', jsonb_build_object(
+    format!(
+        r#"jsonb_build_object('event_type', e, 'data', jsonb_build_object(
            'purchase_id', 900000 + g, 'account_id', g % 977, 'amount_cents', 129900,
            'currency', 'BRL', 'installments', 6, 'due_date', '2025-07-10',
            'items', jsonb_build_array(
                jsonb_build_object('sku', 'SKU-0001', 'qty', 1, 'price_cents', 4330),
                jsonb_build_object('sku', 'SKU-0002', 'qty', 2, 'price_cents', 4331),
-               jsonb_build_object('sku', 'SKU-0003', 'qty', 3, 'price_cents', 4332)){pad})),
-       'pending', 0, now() AT TIME ZONE 'utc', now() AT TIME ZONE 'utc'
-FROM (SELECT g, (ARRAY['{a}', '{b}', '{c}'])[1 + g % 3] AS e
-      FROM generate_series(1, {n}) AS g) AS s
-ORDER BY g"#,
-        t = store.table(),
-        a = EVENT_NAMES[0],
-        b = EVENT_NAMES[1],
-        c = EVENT_NAMES[2],
-    );
+               jsonb_build_object('sku', 'SKU-0003', 'qty', 3, 'price_cents', 4332)){pad}))"#
+    )
+}
+
+/// Runs one INSERT … SELECT that must insert `n` rows, then ANALYZE.
+async fn insert(store: &Store, sql: &str, n: usize) -> Result<()> {
     let res = store
         .connection()
-        .execute_unprepared(&sql)
+        .execute_unprepared(sql)
         .await
         .context("inserting rows")?;
     if res.rows_affected() != n as u64 {
@@ -206,15 +251,17 @@ pub(crate) async fn all_ids(store: &Store) -> Result<Vec<i64>> {
         .collect()
 }
 
-/// (sent, failed) row counts.
-pub(crate) async fn progress(store: &Store) -> Result<(i64, i64)> {
-    let stmt = Statement::from_string(
+/// (sent, failed) counts of the rows past id `after` (the scenario's own
+/// rows: a history table's earlier rows are never read).
+pub(crate) async fn progress(store: &Store, after: i64) -> Result<(i64, i64)> {
+    let stmt = Statement::from_sql_and_values(
         DbBackend::Postgres,
         format!(
             "SELECT count(*) FILTER (WHERE status = 'sent') AS sent, \
-                    count(*) FILTER (WHERE status = 'failed') AS failed FROM {}",
+                    count(*) FILTER (WHERE status = 'failed') AS failed FROM {} WHERE id > $1",
             store.table()
         ),
+        [after.into()],
     );
     let row = store
         .connection()
@@ -235,6 +282,7 @@ pub(crate) async fn progress(store: &Store) -> Result<(i64, i64)> {
 /// for a second (rows that end `failed` get none).
 pub(crate) async fn wait_all_done(
     store: &Store,
+    after: i64,
     n: usize,
     answered: impl Fn() -> u64,
 ) -> Result<(i64, i64)> {
@@ -250,7 +298,7 @@ pub(crate) async fn wait_all_done(
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         }
-        let now = progress(store).await?;
+        let now = progress(store, after).await?;
         if (now.0 + now.1) as usize >= n {
             return Ok(now);
         }
@@ -268,14 +316,15 @@ pub(crate) async fn wait_all_done(
     }
 }
 
-/// `sent_at` of every sent row.
-pub(crate) async fn sent_times(store: &Store) -> Result<Vec<(i64, NaiveDateTime)>> {
-    let stmt = Statement::from_string(
+/// `sent_at` of every sent row past id `after`.
+pub(crate) async fn sent_times(store: &Store, after: i64) -> Result<Vec<(i64, NaiveDateTime)>> {
+    let stmt = Statement::from_sql_and_values(
         DbBackend::Postgres,
         format!(
-            "SELECT id, sent_at FROM {} WHERE status = 'sent'",
+            "SELECT id, sent_at FROM {} WHERE status = 'sent' AND id > $1",
             store.table()
         ),
+        [after.into()],
     );
     let rows = store.connection().query_all_raw(stmt).await?;
     rows.iter()
@@ -296,4 +345,72 @@ pub(crate) async fn wal_bytes(store: &Store) -> Result<i64> {
         .await?
         .ok_or_else(|| anyhow!("no WAL position"))?;
     Ok(row.try_get("", "b")?)
+}
+
+/// The highest id in the table (0 when it is empty): a scenario on a table
+/// with history inserts and reads only the rows past it.
+pub(crate) async fn max_id(store: &Store) -> Result<i64> {
+    let stmt = Statement::from_string(
+        DbBackend::Postgres,
+        format!(
+            "SELECT coalesce(max(id), 0)::bigint AS m FROM {}",
+            store.table()
+        ),
+    );
+    let row = store
+        .connection()
+        .query_one_raw(stmt)
+        .await?
+        .ok_or_else(|| anyhow!("no max(id) row"))?;
+    Ok(row.try_get("", "m")?)
+}
+
+/// Buffers the database's backends have touched so far: shared blocks found
+/// in PostgreSQL's cache plus those read into it (`pg_stat_database`, read
+/// from the admin connection, which is on another database). A count of
+/// work that does not depend on the machine's load. Backends report it at
+/// the end of a transaction at most once a second, and an idle one after
+/// 10 s: a window over steady work is right to within a second at each
+/// end, and a backend that exits reports everything.
+pub(crate) async fn db_buffers(admin: &DatabaseConnection, db: &str) -> Result<i64> {
+    let stmt = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT (blks_hit + blks_read)::bigint AS b FROM pg_stat_database WHERE datname = $1",
+        [db.into()],
+    );
+    let row = admin
+        .query_one_raw(stmt)
+        .await?
+        .ok_or_else(|| anyhow!("no pg_stat_database row for {db}"))?;
+    Ok(row.try_get("", "b")?)
+}
+
+/// Connections open to the database now.
+pub(crate) async fn db_backends(admin: &DatabaseConnection, db: &str) -> Result<i64> {
+    let stmt = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT count(*)::bigint AS n FROM pg_stat_activity WHERE datname = $1",
+        [db.into()],
+    );
+    let row = admin
+        .query_one_raw(stmt)
+        .await?
+        .ok_or_else(|| anyhow!("no pg_stat_activity count"))?;
+    Ok(row.try_get("", "n")?)
+}
+
+/// Waits until no connection to the database is left (each backend has
+/// exited and so reported its figures); fails after 30 s.
+pub(crate) async fn wait_no_backends(admin: &DatabaseConnection, db: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = db_backends(admin, db).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{n} connections to {db} still open after 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

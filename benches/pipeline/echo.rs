@@ -41,23 +41,24 @@ const TOAST_THRESHOLD: usize = 2_000;
 /// (`unavailable.value.placeholder`'s default).
 const UNAVAILABLE: &str = "__debezium_unavailable_value";
 
-/// The queue table and the trigger, on the scenario's database.
+/// The queue table and the trigger, on the scenario's database (once: a
+/// database that already has them, a history's, keeps them).
 pub(crate) async fn install(store: &Store) -> Result<()> {
     let t = store.table();
     let sql = format!(
         r#"
-CREATE TABLE bench_echo (
+CREATE TABLE IF NOT EXISTS bench_echo (
     seq bigserial PRIMARY KEY,
     id bigint NOT NULL,
     status text, attempts int, last_error text, sent_at timestamp, updated_at timestamp
 );
-CREATE FUNCTION bench_echo_rows() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION bench_echo_rows() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO bench_echo (id, status, attempts, last_error, sent_at, updated_at)
     SELECT id, status, attempts, last_error, sent_at, updated_at FROM changed ORDER BY id;
     RETURN NULL;
 END $$;
-CREATE TRIGGER bench_echo AFTER UPDATE ON {t} REFERENCING NEW TABLE AS changed
+CREATE OR REPLACE TRIGGER bench_echo AFTER UPDATE ON {t} REFERENCING NEW TABLE AS changed
     FOR EACH STATEMENT EXECUTE FUNCTION bench_echo_rows();
 "#
     );
@@ -66,6 +67,22 @@ CREATE TRIGGER bench_echo AFTER UPDATE ON {t} REFERENCING NEW TABLE AS changed
         .execute_unprepared(&sql)
         .await
         .context("installing the echo trigger")?;
+    Ok(())
+}
+
+/// Turns the trigger off or on: off, the table's updates queue nothing
+/// (a figure of the database's own work that must not count the bench's).
+pub(crate) async fn set_enabled(store: &Store, on: bool) -> Result<()> {
+    let sql = format!(
+        "ALTER TABLE {} {} TRIGGER bench_echo",
+        store.table(),
+        if on { "ENABLE" } else { "DISABLE" }
+    );
+    store
+        .connection()
+        .execute_unprepared(&sql)
+        .await
+        .context("switching the echo trigger")?;
     Ok(())
 }
 

@@ -12,8 +12,13 @@ pub(crate) struct Broker {
 
 impl Broker {
     pub(crate) fn start(topic: &str) -> Result<Broker> {
+        Broker::with_partitions(topic, PARTITIONS)
+    }
+
+    /// A mock cluster whose `topic` has `partitions` partitions.
+    pub(crate) fn with_partitions(topic: &str, partitions: i32) -> Result<Broker> {
         let cluster = MockCluster::new(1).context("starting the mock cluster")?;
-        cluster.create_topic(topic, PARTITIONS, 1)?;
+        cluster.create_topic(topic, partitions, 1)?;
         let brokers = cluster.bootstrap_servers();
         let producer = Broker::producer(&brokers)?;
         Ok(Broker {
@@ -140,11 +145,16 @@ pub(crate) fn change_event(row: &SourceRow, table: &str, seq: usize) -> (String,
     (json!({"id": row.id}).to_string(), value.to_string())
 }
 
-/// Publishes every row of the table as fast as the producer takes them;
-/// returns the publish time of each id (µs since the epoch, UTC).
-pub(crate) async fn publish_all(store: &Store, broker: &Broker) -> Result<HashMap<i64, i64>> {
+/// Publishes every row of the table past id `after` as fast as the
+/// producer takes them; returns the publish time of each id (µs since the
+/// epoch, UTC).
+pub(crate) async fn publish_all(
+    store: &Store,
+    broker: &Broker,
+    after: i64,
+) -> Result<HashMap<i64, i64>> {
     let mut times = HashMap::new();
-    let mut after = 0;
+    let mut after = after;
     loop {
         let rows = load_rows(store, after, 5_000).await?;
         let Some(last) = rows.last() else { break };
@@ -166,11 +176,12 @@ pub(crate) async fn publish_all(store: &Store, broker: &Broker) -> Result<HashMa
 pub(crate) async fn publish_streamed(
     store: &Store,
     broker: &Broker,
+    after: i64,
     posted: impl Fn() -> u64,
     window: usize,
 ) -> Result<HashMap<i64, i64>> {
     let mut times = HashMap::new();
-    let mut after = 0;
+    let mut after = after;
     loop {
         let rows = load_rows(store, after, 5_000).await?;
         let Some(last) = rows.last() else { break };
@@ -197,6 +208,16 @@ pub(crate) async fn publish_streamed(
     }
     broker.flush()?;
     Ok(times)
+}
+
+/// Publishes `rows`, read from the table beforehand, as fast as the
+/// producer takes them: no database read while they go out.
+pub(crate) fn publish_rows(rows: &[SourceRow], table: &str, broker: &Broker) -> Result<()> {
+    for (i, row) in rows.iter().enumerate() {
+        let (key, value) = change_event(row, table, i);
+        broker.send(&key, &value)?;
+    }
+    broker.flush()
 }
 
 /// Publishes `rows` at `rate` events/s (the first at once).

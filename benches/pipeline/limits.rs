@@ -240,7 +240,7 @@ pub(crate) async fn naive_loop(env: &Env, store: &Store, broker: &Broker, n: usi
         }
         consumer.commit_message(&msg, CommitMode::Sync)?;
     }
-    let (sent, _) = progress(store).await?;
+    let (sent, _) = progress(store, 0).await?;
     if sent as usize != n {
         bail!("naive loop: {sent} rows sent, wanted {n}");
     }
@@ -264,7 +264,10 @@ pub(crate) fn raw_http_name(in_flight: usize) -> String {
     }
 }
 
-pub(crate) async fn limits(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
+/// The parts the sidecar is compared with, each in a child process of its
+/// own: raw consume, raw HTTP (64 and `max_in_flight` in flight) and the
+/// batched UPDATE, with their client CPU per message, request and row.
+pub(crate) async fn parts(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     let o = &env.opts;
     env.with_db(|url| async move {
         let step = |what: &str| eprintln!("[run {run}] {what} (load {})", loadavg_line());
@@ -273,7 +276,8 @@ pub(crate) async fn limits(env: &Env, sheet: &mut Sheet, run: usize) -> Result<(
         let consume = open_store(&url, "lim_consume", 2).await?;
         insert_rows(&consume, o.events, 0).await?;
         let broker = Broker::start("outbox.public.lim_consume")?;
-        publish_all(&consume, &broker).await?;
+        publish_all(&consume, &broker, 0).await?;
+        consume.connection().clone().close().await.ok();
         step("limit: raw consume (child process)");
         let l = load1();
         let r = run_part(&Part::Consume {
@@ -310,22 +314,6 @@ pub(crate) async fn limits(env: &Env, sheet: &mut Sheet, run: usize) -> Result<(
             }
         }
 
-        step("limit: single-row UPDATE (Store::mark_sent)");
-        let single = open_store(&url, "lim_single", POOL).await?;
-        insert_rows(&single, o.limit_events, 0).await?;
-        let l = load1();
-        let r = single_row_updates(&single, o.max_in_flight).await?;
-        sheet.add(
-            &format!(
-                "single-row UPDATE (mark_sent, {} callers, pool {POOL})",
-                o.max_in_flight
-            ),
-            Unit::Rate,
-            r,
-            l,
-        );
-        single.connection().clone().close().await.ok();
-
         step("limit: batched UPDATE (child process)");
         let batch = open_store(&url, "lim_batch", POOL).await?;
         insert_rows(&batch, o.events, 0).await?;
@@ -335,34 +323,65 @@ pub(crate) async fn limits(env: &Env, sheet: &mut Sheet, run: usize) -> Result<(
             table: "lim_batch".to_owned(),
         })
         .await?;
-        sheet.add(
-            &format!("batched UPDATE ({BATCH_IDS} ids/stmt, {POOL} in parallel)"),
-            Unit::Rate,
-            r.rate,
-            l,
-        );
+        sheet.add(&batched_name(), Unit::Rate, r.rate, l);
         sheet.add(CPU_BATCHED, Unit::Micros, r.cpu_us_each(), l);
         batch.connection().clone().close().await.ok();
+        Ok(())
+    })
+    .await
+}
 
-        step("naive loop");
+pub(crate) fn batched_name() -> String {
+    format!("batched UPDATE ({BATCH_IDS} ids/stmt, {POOL} in parallel)")
+}
+
+pub(crate) fn single_row_name(opts: &Options) -> String {
+    format!(
+        "single-row UPDATE (mark_sent, {} callers, pool {POOL})",
+        opts.max_in_flight
+    )
+}
+
+pub(crate) fn naive_name(opts: &Options) -> String {
+    format!(
+        "naive loop, one event at a time ({} events)",
+        opts.naive_events
+    )
+}
+
+/// The naive loop's limit (`--naive-events`).
+pub(crate) async fn naive(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
+    let o = &env.opts;
+    env.with_db(|url| async move {
+        eprintln!("[run {run}] naive loop (load {})", loadavg_line());
         let naive = open_store(&url, TABLE, POOL).await?;
         insert_rows(&naive, o.naive_events, 0).await?;
         let broker = Broker::start("outbox.public.outbox_events")?;
-        publish_all(&naive, &broker).await?;
+        publish_all(&naive, &broker, 0).await?;
         let l = load1();
         let r = naive_loop(env, &naive, &broker, o.naive_events).await?;
-        sheet.add(
-            &format!(
-                "naive loop, one event at a time ({} events)",
-                o.naive_events
-            ),
-            Unit::Rate,
-            r,
-            l,
-        );
+        sheet.add(&naive_name(o), Unit::Rate, r, l);
         drop(broker);
         naive.connection().clone().close().await.ok();
-        consume.connection().clone().close().await.ok();
+        Ok(())
+    })
+    .await
+}
+
+/// The single-row UPDATE's limit (`Store::mark_sent`, `--limit-events`).
+pub(crate) async fn single_row(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
+    let o = &env.opts;
+    env.with_db(|url| async move {
+        eprintln!(
+            "[run {run}] limit: single-row UPDATE (Store::mark_sent) (load {})",
+            loadavg_line()
+        );
+        let single = open_store(&url, "lim_single", POOL).await?;
+        insert_rows(&single, o.limit_events, 0).await?;
+        let l = load1();
+        let r = single_row_updates(&single, o.max_in_flight).await?;
+        sheet.add(&single_row_name(o), Unit::Rate, r, l);
+        single.connection().clone().close().await.ok();
         Ok(())
     })
     .await

@@ -9,6 +9,10 @@
 //!       [--backlog-only [--no-attempt-log]] [--max-in-flight M] [--naive-events N] [--limit-events N] [--paced-seconds S]
 //!       [--pg-url postgres://postgres@127.0.0.1:5432/postgres] [--kafka-property KEY=VALUE]...
 //!       [--no-echoes] [--large-events N] [--large-payload-bytes B]
+//!       [--scale-events N] [--scale-window W] [--scale-only]
+//! make bench-pipeline BENCH_ARGS="--scenario history"   # see `history`
+//! make bench-memory                                      # see `memory`
+//! cargo test --bench pipeline                            # the verdict rule's checks
 //! ```
 //!
 //! The modules: `options` (the command line), `sys` (/proc), `sidecar` (the
@@ -16,12 +20,21 @@
 //! the sidecar's configuration), `kafka` (mock cluster, producer, insert
 //! events), `echo` (the update events of the sidecar's own writes),
 //! `limits` and `client` (the parts' limits; three of them in a child
-//! process), `scenarios`, `report` (the table and the goal lines).
+//! process), `scenarios`, `report` (the table and the goal lines),
+//! `verdict` (how a goal is judged from pairs), `history` (`--scenario
+//! history`: a table of 5,000,000 sent rows, an idle sidecar, an idle
+//! replica), `memory` (`--memory`).
 //!
-//! Each run (default 3; every printed figure is the median over the runs,
+//! Each run (default 5; every printed figure is the median over the runs,
 //! with the 1-minute load average of /proc/loadavg at the start of each
 //! measurement printed beside it) does, each part on a fresh PostgreSQL
-//! database `bench_<pid>_<n>` and a fresh librdkafka mock cluster:
+//! database `bench_<pid>_<n>` and a fresh librdkafka mock cluster, the
+//! items below. A run is one pair of every goal's figures: the runs a goal
+//! compares come one after the other, the parts (1), the naive loop, S1,
+//! S1 without the attempt log and S2 in that order in odd runs and backwards
+//! in even ones, the two sizes of S4 likewise; each goal line gives the
+//! median of the per-run ratios, their spread, and PASS, MISS or UNSURE
+//! from the spread (see `verdict`).
 //!
 //! 1. The limits, with the pipeline's pool size (16) and in-flight limit:
 //!    - raw consume: a plain `StreamConsumer` (the sidecar's librdkafka
@@ -39,6 +52,7 @@
 //!    Raw consume, raw HTTP and the batched UPDATE run in a child process
 //!    of their own (see `client`), which also reports its CPU per message,
 //!    request and row: the client side alone, for the cost-per-event goal.
+//!    The single-row UPDATE, which no goal compares with, runs after S2.
 //! 2. Scenario 1, backlog: N pending rows are inserted and their Debezium
 //!    insert events published (key `{"id": N}`, envelope with the row as
 //!    Debezium's PostgreSQL connector writes it); then `outbox-sidecar run`
@@ -107,7 +121,7 @@
 //! with (S1 5,662 → 7,117 events/s, medians of 3, with the same binary:
 //! `benches/RESULTS.md`).
 //!
-//! Goals are reported, never asserted: PASS/MISS lines at the end.
+//! Goals are reported, never asserted: PASS/MISS/UNSURE lines at the end.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -134,6 +148,7 @@ use serde_json::json;
 mod client;
 mod db;
 mod echo;
+mod history;
 mod kafka;
 mod limits;
 mod memory;
@@ -143,6 +158,7 @@ mod report;
 mod scenarios;
 mod sidecar;
 mod sys;
+mod verdict;
 
 use client::{run_part, Part};
 use db::*;
@@ -155,6 +171,7 @@ use report::*;
 use scenarios::*;
 use sidecar::*;
 use sys::*;
+use verdict::*;
 
 pub(crate) const TABLE: &str = "outbox_events";
 pub(crate) const PARTITIONS: i32 = 6;
@@ -248,13 +265,18 @@ async fn backlog(
     Ok(s)
 }
 
-/// The scale pair: S4 with `events`, then with `scale_events`.
-async fn scale(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
+/// The scale pair: S4 with `events` and with `scale_events`, in that
+/// order when `forward`.
+async fn scale(env: &Env, sheet: &mut Sheet, run: usize, forward: bool) -> Result<()> {
     let o = &env.opts;
     if o.scale_events == 0 {
         return Ok(());
     }
-    for n in [o.events, o.scale_events] {
+    let mut sizes = [o.events, o.scale_events];
+    if !forward {
+        sizes.reverse();
+    }
+    for n in sizes {
         let label = s4(n);
         eprintln!(
             "[run {run}] {label}: published as consumed, window {} (load {})",
@@ -277,12 +299,29 @@ async fn scale(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     Ok(())
 }
 
+/// The runs that make the goals' pairs, in the order of an odd run; an
+/// even run takes them backwards.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// Raw consume, raw HTTP and the batched UPDATE (cost per event, and
+    /// the raw HTTP limit S1's rate is compared with).
+    Parts,
+    /// The naive loop (S1 ≥ 12 × it).
+    Naive,
+    S1,
+    /// S1 without the attempt log (its cost).
+    S1NoLog,
+    /// S2 (refused rows do not slow the rest: S1's p50 beside it).
+    S2,
+}
+
 async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     let o = &env.opts;
     let base = base_setup(o);
     let n = o.events;
+    let forward = run % 2 == 1;
     if o.scale_only {
-        return scale(env, sheet, run).await;
+        return scale(env, sheet, run, forward).await;
     }
     if o.backlog_only {
         // For comparing changes: scenario 1 alone, no limits, no ratios.
@@ -293,17 +332,30 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
         }
         return Ok(());
     }
-    limits(env, sheet, run).await?;
-    // The attempt log's cost is the ratio of these two: they swap places
-    // every other run, so neither always comes first after the limits.
-    let log_off_first = run.is_multiple_of(2);
-    if log_off_first {
-        backlog(env, sheet, run, S1_NO_LOG, false, false, base, n).await?;
+    // Each goal compares runs made next to each other, forwards in odd
+    // runs and backwards in even ones, so that neither side of a pair
+    // always comes first: S1 sits beside its parts and the naive loop on
+    // one side and beside S1 without the attempt log and S2 on the other.
+    let mut steps = [Step::Parts, Step::Naive, Step::S1, Step::S1NoLog, Step::S2];
+    if !forward {
+        steps.reverse();
     }
-    let s1 = backlog(env, sheet, run, S1, false, true, base, n).await?;
-    if !log_off_first {
-        backlog(env, sheet, run, S1_NO_LOG, false, false, base, n).await?;
+    let mut s1 = None;
+    for step in steps {
+        match step {
+            Step::Parts => parts(env, sheet, run).await?,
+            Step::Naive => naive(env, sheet, run).await?,
+            Step::S1 => s1 = Some(backlog(env, sheet, run, S1, false, true, base, n).await?),
+            Step::S1NoLog => {
+                backlog(env, sheet, run, S1_NO_LOG, false, false, base, n).await?;
+            }
+            Step::S2 => {
+                backlog(env, sheet, run, S2, true, true, base, n).await?;
+            }
+        }
     }
+    let s1 = s1.ok_or_else(|| anyhow!("S1 did not run"))?;
+    single_row(env, sheet, run).await?;
     if o.echoes {
         let setup = Setup {
             echoes: false,
@@ -336,7 +388,6 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
         o.large_events,
     )
     .await?;
-    backlog(env, sheet, run, S2, true, true, base, n).await?;
 
     let rate = s1.rate / 2.0;
     let n3 = ((rate * o.paced_seconds).round() as usize).max(1);
@@ -349,7 +400,7 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     eprintln!("[run {run}]   p99 {:.1} ms", s3.p99_ms);
     sheet.add("S3 paced: publish rate (half of S1)", Unit::Rate, rate, l);
     add_scenario(sheet, S3, &s3, l, false);
-    scale(env, sheet, run).await
+    scale(env, sheet, run, forward).await
 }
 
 // ---------------------------------------------------------------- main
@@ -357,6 +408,11 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
 fn main() {
     // A child running one client part (see `client`) exits in here.
     client::child_main();
+    // `cargo bench` passes --bench; `cargo test --bench pipeline` does not,
+    // and gets the verdict rule's checks instead of a bench run.
+    if !std::env::args().skip(1).any(|a| a == "--bench") {
+        std::process::exit(if verdict::run_checks() { 0 } else { 1 });
+    }
     let opts = match Options::parse() {
         Ok(o) => o,
         Err(e) => {
@@ -410,6 +466,11 @@ async fn bench(opts: Options) -> Result<()> {
     );
     if let Some(kib) = opts.memory {
         let result = memory::memory(&env, kib).await;
+        env.admin.clone().close().await.ok();
+        return result;
+    }
+    if opts.history {
+        let result = history::history(&env).await;
         env.admin.clone().close().await.ok();
         return result;
     }

@@ -125,11 +125,11 @@ pub(crate) async fn memory(env: &Env, kib: usize) -> Result<()> {
         );
         let answered0 = receiver.state.answered();
         let answered = || receiver.state.answered() - answered0;
-        let mut sidecar = Sidecar::start(env, &url, &broker, true, receiver)?;
+        let mut sidecar = Sidecar::start(env, &url, &broker, true, receiver, "")?;
         let run = async {
             sidecar.wait_ready().await?;
             let ready = Instant::now();
-            let done = wait_all_done(&store, n, answered).await?;
+            let done = wait_all_done(&store, 0, n, answered).await?;
             Ok::<_, anyhow::Error>((done, ready.elapsed()))
         }
         .await;

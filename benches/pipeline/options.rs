@@ -32,6 +32,12 @@ pub(crate) struct Options {
     pub(crate) scale_only: bool,
     /// Only the memory scenario (`--memory`), with payloads of this many KiB.
     pub(crate) memory: Option<usize>,
+    /// Only the history scenario (`--scenario history`).
+    pub(crate) history: bool,
+    /// The history scenario's table holds this many sent rows.
+    pub(crate) history_rows: usize,
+    /// The history scenario's idle window, in seconds.
+    pub(crate) idle_seconds: f64,
 }
 
 pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pipeline -- \
@@ -39,7 +45,9 @@ pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pip
 [--limit-events N] [--paced-seconds S] [--no-attempt-log] [--pg-url URL] [--kafka-property KEY=VALUE]... \
 [--no-echoes] [--large-events N] [--large-payload-bytes B] \
 [--scale-events N] [--scale-window W] [--scale-only] \
-| --memory [--events N] [--payload-kib K]";
+| --scenario history [--events N] [--runs R] [--history-rows N] [--idle-seconds S] \
+| --memory [--events N] [--payload-kib K]
+(without --bench, as `cargo test --bench pipeline` runs it: the verdict rule's checks)";
 
 impl Options {
     pub(crate) fn parse() -> Result<Options> {
@@ -62,6 +70,9 @@ impl Options {
         let mut scale_events: Option<usize> = None;
         let mut scale_window = 20_000;
         let mut scale_only = false;
+        let mut history = false;
+        let mut history_rows: Option<usize> = None;
+        let mut idle_seconds: f64 = 10.0;
         let mut kafka_properties = vec![(
             "fetch.wait.max.ms".to_owned(),
             DEFAULT_FETCH_WAIT_MS.to_owned(),
@@ -88,6 +99,13 @@ impl Options {
                 "--scale-events" => scale_events = Some(value("--scale-events")?.parse()?),
                 "--scale-window" => scale_window = value("--scale-window")?.parse()?,
                 "--scale-only" => scale_only = true,
+                "--scenario" => match value("--scenario")?.as_str() {
+                    "all" => history = false,
+                    "history" => history = true,
+                    other => bail!("--scenario wants all or history, got {other:?}\n{USAGE}"),
+                },
+                "--history-rows" => history_rows = Some(value("--history-rows")?.parse()?),
+                "--idle-seconds" => idle_seconds = value("--idle-seconds")?.parse()?,
                 "--events" => events = Some(value("--events")?.parse()?),
                 "--runs" => runs = Some(value("--runs")?.parse()?),
                 "--max-in-flight" => max_in_flight = Some(value("--max-in-flight")?.parse()?),
@@ -113,7 +131,8 @@ impl Options {
         let events: usize = events.unwrap_or(if quick || memory { 5_000 } else { 50_000 });
         // The memory scenario runs with the shipped configmap's value.
         let max_in_flight = max_in_flight.unwrap_or(if memory { 64 } else { 256 });
-        let runs: usize = runs.unwrap_or(if quick { 1 } else { 3 });
+        // Each run is one pair of every goal's figures: five give a verdict.
+        let runs: usize = runs.unwrap_or(if quick { 1 } else { MIN_PAIRS });
         if events == 0 || runs == 0 || max_in_flight == 0 {
             bail!("--events, --runs and --max-in-flight must be at least 1");
         }
@@ -140,6 +159,9 @@ impl Options {
             scale_events: scale_events.unwrap_or(if quick { 0 } else { events * 10 }),
             scale_window: scale_window.max(1),
             scale_only,
+            history,
+            history_rows: history_rows.unwrap_or(if quick { 500_000 } else { 5_000_000 }),
+            idle_seconds: idle_seconds.max(1.0),
         })
     }
 }

@@ -60,20 +60,6 @@ impl Sheet {
     }
 }
 
-/// One line of ratios, run by run, and their median (nothing when no run
-/// has the figures).
-fn run_by_run(out: &mut String, what: &str, ratios: &[f64], digits: usize) {
-    if ratios.is_empty() {
-        return;
-    }
-    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.digits$}")).collect();
-    out.push_str(&format!(
-        "{what}: × {} (median × {:.digits$})\n",
-        each.join(", "),
-        median(ratios)
-    ));
-}
-
 pub(crate) fn median(values: &[f64]) -> f64 {
     let v = sorted(values.to_vec());
     match v.len() {
@@ -114,6 +100,41 @@ pub(crate) fn show(v: f64, unit: Unit) -> String {
     }
 }
 
+/// The table of every figure: its median, each run's value and the load.
+pub(crate) fn table(sheet: &Sheet) -> String {
+    let mut out = String::new();
+    out.push_str("| figure | median | runs | load 1m |\n|---|---:|---|---|\n");
+    for f in &sheet.figures {
+        let runs: Vec<String> = f.values.iter().map(|v| show(*v, f.unit)).collect();
+        let loads: Vec<String> = f.loads.iter().map(|l| format!("{l:.2}")).collect();
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            f.name,
+            show(median(&f.values), f.unit),
+            runs.join(", "),
+            loads.join(", ")
+        ));
+    }
+    out
+}
+
+/// Each run's value of `f` over the named figures' values in that run
+/// (runs that lack one of them are left out at the end).
+pub(crate) fn per_run(sheet: &Sheet, names: &[&str], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
+    let columns: Vec<Vec<f64>> = names.iter().map(|n| sheet.values(n)).collect();
+    let runs = columns.iter().map(Vec::len).min().unwrap_or(0);
+    (0..runs)
+        .map(|i| f(&columns.iter().map(|c| c[i]).collect::<Vec<_>>()))
+        .collect()
+}
+
+/// The 10,000 events/s goal for S1, as a ratio to the raw HTTP limit
+/// measured beside it: the reference 2-core machine's raw HTTP (best of 64
+/// and 256 in flight) ran at 43,095/s when S1 ran at 17,331/s, and 10,000
+/// is 0.23 of that. A ratio holds on a loaded machine, where both slow
+/// down together; an absolute rate does not.
+pub(crate) const S1_OVER_RAW_HTTP: f64 = 0.23;
+
 pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String {
     let mut out = String::new();
     let line = |out: &mut String, s: String| {
@@ -143,22 +164,7 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
         );
     }
     line(&mut out, String::new());
-    line(&mut out, "| figure | median | runs | load 1m |".to_owned());
-    line(&mut out, "|---|---:|---|---|".to_owned());
-    for f in &sheet.figures {
-        let runs: Vec<String> = f.values.iter().map(|v| show(*v, f.unit)).collect();
-        let loads: Vec<String> = f.loads.iter().map(|l| format!("{l:.2}")).collect();
-        line(
-            &mut out,
-            format!(
-                "| {} | {} | {} | {} |",
-                f.name,
-                show(median(&f.values), f.unit),
-                runs.join(", "),
-                loads.join(", ")
-            ),
-        );
-    }
+    out.push_str(&table(sheet));
     line(&mut out, String::new());
     if opts.scale_only {
         for l in scale_lines(opts, sheet) {
@@ -176,27 +182,12 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
     }
 
     let m = |name: &str| sheet.median(name);
-    let consume = m(RAW_CONSUME);
-    let http64 = m(RAW_HTTP_64);
-    let http_mif = if opts.max_in_flight != 64 {
-        m(&format!("raw HTTP, {} in flight", opts.max_in_flight))
-    } else {
-        http64
-    };
-    let http = http64.max(http_mif);
-    let batched = m(&format!(
-        "batched UPDATE ({BATCH_IDS} ids/stmt, {POOL} in parallel)"
-    ));
-    let single = m(&format!(
-        "single-row UPDATE (mark_sent, {} callers, pool {POOL})",
-        opts.max_in_flight
-    ));
-    let naive = m(&format!(
-        "naive loop, one event at a time ({} events)",
-        opts.naive_events
-    ));
-    let floor = consume.min(http).min(batched);
-    let which = if floor == consume {
+    let http_mif_name = raw_http_name(opts.max_in_flight);
+    let http = m(RAW_HTTP_64).max(m(&http_mif_name));
+    let single = m(&single_row_name(opts));
+    let naive = m(&naive_name(opts));
+    let floor = m(RAW_CONSUME).min(http).min(m(&batched_name()));
+    let which = if floor == m(RAW_CONSUME) {
         "raw consume"
     } else if floor == http {
         "raw HTTP"
@@ -211,8 +202,8 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
             show(floor, Unit::Rate)
         ),
     );
-    let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
-    let rate_of = |label: &str| m(&format!("{label}: events/s end to end"));
+    let rate_name = |label: &str| format!("{label}: events/s end to end");
+    let rate_of = |label: &str| m(&rate_name(label));
     for label in [S1, S2] {
         let rate = rate_of(label);
         line(
@@ -225,29 +216,6 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
             ),
         );
     }
-    line(&mut out, String::new());
-    // Throughput, as users run it: echoes on the topic, the 201 + JSON
-    // receiver (S1's setup).
-    let rate1 = rate_of(S1);
-    line(
-        &mut out,
-        format!(
-            "{} S1 (echoes, 201 + JSON receiver) ≥ 10,000 events/s: {} (× {:.2})",
-            verdict(rate1 >= 10_000.0),
-            show(rate1, Unit::Rate),
-            rate1 / 10_000.0
-        ),
-    );
-    line(
-        &mut out,
-        format!(
-            "{} S1 ≥ 12 × naive loop: {} vs {} (× {:.1})",
-            verdict(rate1 >= 12.0 * naive),
-            show(rate1, Unit::Rate),
-            show(12.0 * naive, Unit::Rate),
-            rate1 / naive
-        ),
-    );
     // What the machine allows: every process of the rig shares its cores,
     // so the CPU all of them spend per event bounds the rate.
     let cpu_of = |what: &str| m(&format!("{S1}: CPU s / 1,000 events ({what})")) * 1_000.0;
@@ -266,47 +234,22 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
              allow at most {} here; S1 reached × {:.2} of that",
             side + bench + pg,
             show(bound, Unit::Rate),
-            rate1 / bound
+            rate_of(S1) / bound
         ),
     );
-    // Cost per event: the sidecar's CPU against the client-side CPU of
-    // its parts, each measured in a child process of its own.
     let per_msg = m(CPU_CONSUME);
     let per_req = m(CPU_HTTP);
     let per_row = m(CPU_BATCHED);
-    let msgs = m(&format!("{S1}: messages consumed / event"));
-    let sidecar_us = m(&format!("{S1}: CPU s / 1,000 events (sidecar process)")) * 1_000.0;
-    let parts_us = per_msg * msgs + per_req + per_row;
+    let msgs_name = format!("{S1}: messages consumed / event");
+    let side_name = format!("{S1}: CPU s / 1,000 events (sidecar process)");
+    let msgs = m(&msgs_name);
     line(
         &mut out,
         format!(
-            "{} S1 sidecar CPU / event ≤ 1.5 × its parts' client CPU: {sidecar_us:.1} µs vs \
-             {parts_us:.1} µs = {per_msg:.1} µs × {msgs:.2} messages + {per_req:.1} µs request \
-             + {per_row:.1} µs row (× {:.2})",
-            verdict(sidecar_us <= 1.5 * parts_us),
-            sidecar_us / parts_us
+            "S1 sidecar CPU / event {side:.1} µs; its parts' client CPU {:.1} µs = {per_msg:.1} µs \
+             × {msgs:.2} messages + {per_req:.1} µs request + {per_row:.1} µs row (medians)",
+            per_msg * msgs + per_req + per_row
         ),
-    );
-    // The same ratio run by run: the parts' CPU per request moves more
-    // between runs (20.8 to 46.6 µs seen) than the goal's margin.
-    let (msg_r, req_r, row_r, msgs_r, side_r) = (
-        sheet.values(CPU_CONSUME),
-        sheet.values(CPU_HTTP),
-        sheet.values(CPU_BATCHED),
-        sheet.values(&format!("{S1}: messages consumed / event")),
-        sheet.values(&format!("{S1}: CPU s / 1,000 events (sidecar process)")),
-    );
-    let ratios: Vec<f64> = (0..side_r.len())
-        .filter_map(|i| {
-            let parts = msg_r.get(i)? * msgs_r.get(i)? + req_r.get(i)? + row_r.get(i)?;
-            Some(side_r[i] * 1_000.0 / parts)
-        })
-        .collect();
-    run_by_run(
-        &mut out,
-        "S1 sidecar CPU / its parts' run by run",
-        &ratios,
-        2,
     );
     let wal = |label: &str| {
         m(&format!(
@@ -328,67 +271,149 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
             cpu_pg(S1_NO_LOG) * 1_000.0
         ),
     );
-    let (logged, unlogged) = (rate_of(S1), rate_of(S1_NO_LOG));
+    line(&mut out, String::new());
     line(
         &mut out,
         format!(
-            "{} the attempt log costs ≤ 10% (S1 with it ≥ 0.9 × S1 without): {} vs {} (× {:.2})",
-            verdict(logged >= 0.9 * unlogged),
-            show(logged, Unit::Rate),
-            show(unlogged, Unit::Rate),
-            logged / unlogged
+            "Goals: the median of the runs' pairs (each run measures a goal's figures back to \
+             back, in turn forwards and backwards) and their spread; PASS when every pair meets \
+             the goal, MISS when none does, UNSURE when the spread crosses it or fewer than \
+             {MIN_PAIRS} pairs were run."
         ),
     );
-    // The two S1 scenarios run back to back in each run: their ratio run
-    // by run leaves out how the machine's speed moves between runs (seen:
-    // S1 12,936 to 16,489/s within one full run). Printed beside the goal's
-    // figure, which stays the ratio of the medians.
-    let pairs: Vec<f64> = sheet
-        .values(&format!("{S1}: events/s end to end"))
-        .iter()
-        .zip(sheet.values(&format!("{S1_NO_LOG}: events/s end to end")))
-        .map(|(on, off)| on / off)
-        .collect();
-    run_by_run(
-        &mut out,
-        "the attempt log's cost run by run (S1 with it / S1 without, back to back)",
-        &pairs,
-        3,
-    );
-    let p99 = m(&format!("{S3}: publish→sent p99"));
-    let rate3 = m("S3 paced: publish rate (half of S1)");
+
+    // Throughput, as users run it: echoes on the topic, the 201 + JSON
+    // receiver (S1's setup), against the raw HTTP limit of the same run.
+    let s1_rate = rate_name(S1);
+    let s1_over_http = per_run(sheet, &[&s1_rate, RAW_HTTP_64, &http_mif_name], |v| {
+        v[0] / v[1].max(if v[2].is_finite() { v[2] } else { v[1] })
+    });
     line(
         &mut out,
-        format!(
-            "{} S3 p99 publish→sent ≤ 250 ms at half the saturation rate ({}), echoes {}: {}",
-            verdict(p99 <= 250.0),
-            show(rate3, Unit::Rate),
-            if opts.echoes { "on" } else { "off" },
-            show(p99, Unit::Ms)
+        goal_line(
+            &format!(
+                "S1 (echoes, 201 + JSON receiver) ≥ {S1_OVER_RAW_HTTP} × raw HTTP (best of 64/{}) \
+                 of its run, the 10,000 events/s goal",
+                opts.max_in_flight
+            ),
+            &s1_over_http,
+            Bound::AtLeast(S1_OVER_RAW_HTTP),
+            Shown::Times(2),
+            &format!(
+                "S1 {} against raw HTTP {} (medians)",
+                show(rate_of(S1), Unit::Rate),
+                show(http, Unit::Rate)
+            ),
         ),
     );
-    let rss = m(&format!("{S1}: peak RSS of the sidecar process (VmHWM)"));
+    let naive_name = naive_name(opts);
     line(
         &mut out,
-        format!(
-            "{} peak RSS ≤ 100 MiB with {} events in the backlog: {} (the sidecar process)",
-            verdict(rss <= 100.0),
-            thousands(opts.events as f64),
-            show(rss, Unit::MiB),
+        goal_line(
+            "S1 ≥ 12 × the naive loop of its run",
+            &per_run(sheet, &[&s1_rate, &naive_name], |v| v[0] / v[1]),
+            Bound::AtLeast(12.0),
+            Shown::Times(1),
+            &format!(
+                "S1 {} against {} (medians)",
+                show(rate_of(S1), Unit::Rate),
+                show(naive, Unit::Rate)
+            ),
         ),
     );
-    let large = m(&format!(
-        "{S1_LARGE}: peak RSS of the sidecar process (VmHWM)"
-    ));
+    // Cost per event: the sidecar's CPU against the client-side CPU of
+    // its parts, each measured in a child process of its own next to S1.
     line(
         &mut out,
-        format!(
-            "{} peak RSS with {} events of ~{} KiB ≤ S1's + the 64 MiB payload bound: {} vs {}",
-            verdict(large <= rss + 64.0),
-            thousands(opts.large_events as f64),
-            opts.large_payload_bytes / 1024,
-            show(large, Unit::MiB),
-            show(rss + 64.0, Unit::MiB),
+        goal_line(
+            "S1 sidecar CPU / event ≤ 1.5 × its parts' client CPU in its run",
+            &per_run(
+                sheet,
+                &[&side_name, CPU_CONSUME, &msgs_name, CPU_HTTP, CPU_BATCHED],
+                |v| v[0] * 1_000.0 / (v[1] * v[2] + v[3] + v[4]),
+            ),
+            Bound::AtMost(1.5),
+            Shown::Times(2),
+            "",
+        ),
+    );
+    line(
+        &mut out,
+        goal_line(
+            "the attempt log costs ≤ 10% (S1 with it ≥ 0.9 × S1 without, back to back)",
+            &per_run(sheet, &[&s1_rate, &rate_name(S1_NO_LOG)], |v| v[0] / v[1]),
+            Bound::AtLeast(0.9),
+            Shown::Times(3),
+            &format!(
+                "{} vs {} (medians)",
+                show(rate_of(S1), Unit::Rate),
+                show(rate_of(S1_NO_LOG), Unit::Rate)
+            ),
+        ),
+    );
+    let p50_clean = |label: &str| format!("{label}: ready→sent p50, ids never refused");
+    line(
+        &mut out,
+        goal_line(
+            "refused rows do not slow the rest (S2 p50 of never-refused ids ≤ 1.2 × S1's, \
+             back to back)",
+            &per_run(sheet, &[&p50_clean(S2), &p50_clean(S1)], |v| v[0] / v[1]),
+            Bound::AtMost(1.2),
+            Shown::Times(2),
+            &format!(
+                "{} vs {} (medians)",
+                show(m(&p50_clean(S2)), Unit::Ms),
+                show(m(&p50_clean(S1)), Unit::Ms)
+            ),
+        ),
+    );
+    line(
+        &mut out,
+        goal_line(
+            &format!(
+                "S3 p99 publish→sent ≤ 250 ms at half S1's rate ({}), echoes {}",
+                show(m("S3 paced: publish rate (half of S1)"), Unit::Rate),
+                if opts.echoes { "on" } else { "off" },
+            ),
+            &sheet.values(&format!("{S3}: publish→sent p99")),
+            Bound::AtMost(250.0),
+            Shown::Unit(1, " ms"),
+            "",
+        ),
+    );
+    let rss_name = |label: &str| format!("{label}: peak RSS of the sidecar process (VmHWM)");
+    line(
+        &mut out,
+        goal_line(
+            &format!(
+                "peak RSS ≤ 100 MiB with {} events in the backlog (the sidecar process)",
+                thousands(opts.events as f64)
+            ),
+            &sheet.values(&rss_name(S1)),
+            Bound::AtMost(100.0),
+            Shown::Unit(1, " MiB"),
+            "",
+        ),
+    );
+    line(
+        &mut out,
+        goal_line(
+            &format!(
+                "peak RSS with {} events of ~{} KiB ≤ S1's + the 64 MiB payload bound \
+                 (theirs − S1's)",
+                thousands(opts.large_events as f64),
+                opts.large_payload_bytes / 1024,
+            ),
+            &per_run(sheet, &[&rss_name(S1_LARGE), &rss_name(S1)], |v| {
+                v[0] - v[1]
+            }),
+            Bound::AtMost(64.0),
+            Shown::Unit(1, " MiB"),
+            &format!(
+                "{} vs {} (medians)",
+                show(m(&rss_name(S1_LARGE)), Unit::MiB),
+                show(m(&rss_name(S1)), Unit::MiB)
+            ),
         ),
     );
     // Keep-alive: a connection the receiver saw end while the sidecar ran
@@ -401,84 +426,77 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
         let per_1k = m(&format!(
             "{label}: connections opened / 1,000 events (receiver accepts)"
         ));
-        let closed = m(&format!(
-            "{label}: connections closed while the sidecar ran"
-        ));
         let total = per_1k * opts.events as f64 / 1_000.0;
         line(
             &mut out,
-            format!(
-                "{} {label}: keep-alive holds (no connection closed while the sidecar ran): {} \
-                 closed; {} opened for max_in_flight {} ({per_1k:.2} / 1,000 events)",
-                verdict(closed == 0.0),
-                thousands(closed),
-                thousands(total),
-                opts.max_in_flight,
+            goal_line(
+                &format!("{label}: keep-alive holds (no connection closed while the sidecar ran)"),
+                &sheet.values(&format!(
+                    "{label}: connections closed while the sidecar ran"
+                )),
+                Bound::AtMost(0.0),
+                Shown::Unit(0, " closed"),
+                &format!(
+                    "{} opened for max_in_flight {} ({per_1k:.2} / 1,000 events, median)",
+                    thousands(total),
+                    opts.max_in_flight,
+                ),
             ),
         );
     }
-    let p50_never_refused = |label: &str| m(&format!("{label}: ready→sent p50, ids never refused"));
-    let (c1, c2) = (p50_never_refused(S1), p50_never_refused(S2));
-    line(
-        &mut out,
-        format!(
-            "{} refused rows do not slow the rest (S2 p50 of never-refused ids ≤ 1.2 × S1's): \
-             {} vs {} (× {:.2})",
-            verdict(c2 <= 1.2 * c1),
-            show(c2, Unit::Ms),
-            show(c1, Unit::Ms),
-            c2 / c1
-        ),
-    );
     for l in scale_lines(opts, sheet) {
         line(&mut out, l);
     }
     if opts.quick {
         line(
             &mut out,
-            "(quick run: 1 run, small backlog; not the reference figures)".to_owned(),
+            "(quick run: small counts; not the reference figures)".to_owned(),
         );
     }
     out
 }
 
 /// The scale goal: S4's peak RSS and CPU per event with `scale_events`
-/// within ±10% of its figures with `events`.
+/// within ±10% of its figures with `events`, run by run.
 fn scale_lines(opts: &Options, sheet: &Sheet) -> Vec<String> {
     if opts.scale_events == 0 {
         return vec!["scale goal: not measured (--scale-events 0)".to_owned()];
     }
     let (small, large) = (s4(opts.events), s4(opts.scale_events));
-    let m = |label: &str, what: &str| sheet.median(&format!("{label}: {what}"));
-    let verdict = |r: f64| {
-        if (0.9..=1.1).contains(&r) {
-            "PASS"
-        } else {
-            "MISS"
-        }
-    };
-    let rss = "peak RSS of the sidecar process (VmHWM)";
-    let cpu = "CPU s / 1,000 events (sidecar process)";
-    let (r0, r1) = (m(&small, rss), m(&large, rss));
-    let (c0, c1) = (m(&small, cpu), m(&large, cpu));
     let (e0, e1) = (
         thousands(opts.events as f64),
         thousands(opts.scale_events as f64),
     );
+    let rss = "peak RSS of the sidecar process (VmHWM)";
+    let cpu = "CPU s / 1,000 events (sidecar process)";
+    let pair = |what: &str| {
+        let (a, b) = (format!("{large}: {what}"), format!("{small}: {what}"));
+        (
+            per_run(sheet, &[&a, &b], |v| v[0] / v[1]),
+            sheet.median(&a),
+            sheet.median(&b),
+        )
+    };
+    let (r, r1, r0) = pair(rss);
+    let (c, c1, c0) = pair(cpu);
     vec![
-        format!(
-            "{} peak RSS flat with scale (S4 {e1} within ±10% of S4 {e0}): {} vs {} (× {:.2})",
-            verdict(r1 / r0),
-            show(r1, Unit::MiB),
-            show(r0, Unit::MiB),
-            r1 / r0
+        goal_line(
+            &format!("peak RSS flat with scale (S4 {e1} within ±10% of S4 {e0})"),
+            &r,
+            Bound::Within(0.9, 1.1),
+            Shown::Times(2),
+            &format!(
+                "{} vs {} (medians)",
+                show(r1, Unit::MiB),
+                show(r0, Unit::MiB)
+            ),
         ),
-        format!(
-            "{} CPU / event flat with scale (S4 {e1} within ±10% of S4 {e0}): {:.1} µs vs {:.1} µs (× {:.2})",
-            verdict(c1 / c0),
-            c1 * 1_000.0,
-            c0 * 1_000.0,
-            c1 / c0
+        goal_line(
+            &format!("CPU / event flat with scale (S4 {e1} within ±10% of S4 {e0})"),
+            &c,
+            Bound::Within(0.9, 1.1),
+            Shown::Times(2),
+            &format!("{:.1} µs vs {:.1} µs (medians)", c1 * 1_000.0, c0 * 1_000.0),
         ),
     ]
 }

@@ -107,234 +107,245 @@ pub(crate) fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
+/// One scenario on a fresh database.
 pub(crate) async fn scenario(
     env: &Env,
     kind: Scenario,
     setup: Setup,
     n: usize,
 ) -> Result<ScenarioResult> {
-    env.with_db(|url| async move {
-        let store = open_store(&url, TABLE, 4).await?;
-        insert_rows(&store, n, setup.payload_bytes).await?;
-        if setup.echoes {
-            echo::install(&store).await?;
-        }
-        let receiver = env.receivers.get(setup.target);
-        let echoes = |broker: &Broker| -> Result<Option<Echoes>> {
-            Ok(if setup.echoes {
-                Some(Echoes::start(
-                    store.clone(),
-                    &broker.brokers,
-                    &broker.topic,
-                )?)
-            } else {
-                None
-            })
-        };
-        let broker = Broker::start("outbox.public.outbox_events")?;
-        let fail_tenth = matches!(
-            kind,
-            Scenario::Backlog {
-                fail_tenth: true,
-                ..
-            }
-        );
-        let history = !matches!(kind, Scenario::Backlog { history: false, .. });
-        receiver
-            .state
-            .fail_tenth
-            .store(fail_tenth, Ordering::Relaxed);
-        let requests_before = receiver.state.requests.load(Ordering::Relaxed);
-        let answered_before = receiver.state.answered();
-        let answered = || receiver.state.answered() - answered_before;
-        let connections_before = receiver.state.connections.load(Ordering::Relaxed);
-        let closed_before = receiver.state.closed.load(Ordering::Relaxed);
-        let closed_so_far = || receiver.state.closed.load(Ordering::Relaxed) - closed_before;
+    env.with_db(|url| async move { scenario_on(env, &url, kind, setup, n).await })
+        .await
+}
 
-        let mut out = ScenarioResult {
-            events: n,
-            ..ScenarioResult::default()
-        };
-        let (times, ready_at, cpu_ticks, pg_ticks) = match kind {
-            Scenario::Backlog { .. } => {
-                let times = publish_all(&store, &broker).await?;
-                let wal0 = wal_bytes(&store).await?;
-                let pg0 = postgres_cpu_ticks();
-                let bench0 = self_cpu_ticks();
-                let started = Instant::now();
-                let echoes = echoes(&broker)?;
-                let mut sidecar = Sidecar::start(env, &url, &broker, history, receiver)?;
-                let run = async {
-                    sidecar.wait_ready().await?;
-                    let ready_at = chrono::Utc::now().timestamp_micros();
-                    out.startup_s = started.elapsed().as_secs_f64();
-                    let stop = Arc::new(AtomicBool::new(false));
-                    let sampler = {
-                        let stop = stop.clone();
-                        let (http, admin) = (sidecar.http.clone(), sidecar.admin);
-                        tokio::spawn(async move {
-                            let url = format!("http://{admin}/metrics");
-                            let (mut sum, mut count) = (0f64, 0u64);
-                            while !stop.load(Ordering::Relaxed) {
-                                if let Ok(r) = http.get(&url).send().await {
-                                    if let Ok(text) = r.text().await {
-                                        if let Some(v) = text
-                                            .lines()
-                                            .find_map(|l| l.strip_prefix("outbox_inflight_events "))
-                                            .and_then(|v| v.trim().parse::<f64>().ok())
-                                        {
-                                            sum += v;
-                                            count += 1;
-                                        }
+/// One scenario on the database at `url`, whose table may already hold
+/// rows (a history): its `n` rows go after them, and only they are
+/// published, counted and read back.
+pub(crate) async fn scenario_on(
+    env: &Env,
+    url: &str,
+    kind: Scenario,
+    setup: Setup,
+    n: usize,
+) -> Result<ScenarioResult> {
+    let store = open_store(url, TABLE, 4).await?;
+    let base = max_id(&store).await?;
+    insert_rows(&store, n, setup.payload_bytes).await?;
+    if setup.echoes {
+        echo::install(&store).await?;
+    }
+    let receiver = env.receivers.get(setup.target);
+    let echoes = |broker: &Broker| -> Result<Option<Echoes>> {
+        Ok(if setup.echoes {
+            Some(Echoes::start(
+                store.clone(),
+                &broker.brokers,
+                &broker.topic,
+            )?)
+        } else {
+            None
+        })
+    };
+    let broker = Broker::start("outbox.public.outbox_events")?;
+    let fail_tenth = matches!(
+        kind,
+        Scenario::Backlog {
+            fail_tenth: true,
+            ..
+        }
+    );
+    let history = !matches!(kind, Scenario::Backlog { history: false, .. });
+    receiver
+        .state
+        .fail_tenth
+        .store(fail_tenth, Ordering::Relaxed);
+    let requests_before = receiver.state.requests.load(Ordering::Relaxed);
+    let answered_before = receiver.state.answered();
+    let answered = || receiver.state.answered() - answered_before;
+    let connections_before = receiver.state.connections.load(Ordering::Relaxed);
+    let closed_before = receiver.state.closed.load(Ordering::Relaxed);
+    let closed_so_far = || receiver.state.closed.load(Ordering::Relaxed) - closed_before;
+
+    let mut out = ScenarioResult {
+        events: n,
+        ..ScenarioResult::default()
+    };
+    let (times, ready_at, cpu_ticks, pg_ticks) = match kind {
+        Scenario::Backlog { .. } => {
+            let times = publish_all(&store, &broker, base).await?;
+            let wal0 = wal_bytes(&store).await?;
+            let pg0 = postgres_cpu_ticks();
+            let bench0 = self_cpu_ticks();
+            let started = Instant::now();
+            let echoes = echoes(&broker)?;
+            let mut sidecar = Sidecar::start(env, url, &broker, history, receiver, "")?;
+            let run = async {
+                sidecar.wait_ready().await?;
+                let ready_at = chrono::Utc::now().timestamp_micros();
+                out.startup_s = started.elapsed().as_secs_f64();
+                let stop = Arc::new(AtomicBool::new(false));
+                let sampler = {
+                    let stop = stop.clone();
+                    let (http, admin) = (sidecar.http.clone(), sidecar.admin);
+                    tokio::spawn(async move {
+                        let url = format!("http://{admin}/metrics");
+                        let (mut sum, mut count) = (0f64, 0u64);
+                        while !stop.load(Ordering::Relaxed) {
+                            if let Ok(r) = http.get(&url).send().await {
+                                if let Ok(text) = r.text().await {
+                                    if let Some(v) = text
+                                        .lines()
+                                        .find_map(|l| l.strip_prefix("outbox_inflight_events "))
+                                        .and_then(|v| v.trim().parse::<f64>().ok())
+                                    {
+                                        sum += v;
+                                        count += 1;
                                     }
                                 }
-                                tokio::time::sleep(Duration::from_millis(100)).await;
                             }
-                            sum / count.max(1) as f64
-                        })
-                    };
-                    let done = wait_all_done(&store, n, answered).await;
-                    (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
-                    stop.store(true, Ordering::Relaxed);
-                    out.mean_in_flight = sampler.await.unwrap_or(f64::NAN);
-                    let m = sidecar.metrics().await?;
-                    let series = |what: &str| {
-                        m.get(&format!(
-                            "outbox_dispatch_duration_seconds_{what}{{dispatcher=\"accounts\"}}"
-                        ))
-                        .copied()
-                        .unwrap_or(f64::NAN)
-                    };
-                    out.mean_post_ms = series("sum") * 1_000.0 / series("count").max(1.0);
-                    let (_, failed) = done?;
-                    Ok::<_, anyhow::Error>((ready_at, failed))
-                }
-                .await;
-                let cpu = sidecar.cpu_ticks();
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        sum / count.max(1) as f64
+                    })
+                };
+                let done = wait_all_done(&store, base, n, answered).await;
+                (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
+                stop.store(true, Ordering::Relaxed);
+                out.mean_in_flight = sampler.await.unwrap_or(f64::NAN);
+                let m = sidecar.metrics().await?;
+                let series = |what: &str| {
+                    m.get(&format!(
+                        "outbox_dispatch_duration_seconds_{what}{{dispatcher=\"accounts\"}}"
+                    ))
+                    .copied()
+                    .unwrap_or(f64::NAN)
+                };
+                out.mean_post_ms = series("sum") * 1_000.0 / series("count").max(1.0);
+                let (_, failed) = done?;
+                Ok::<_, anyhow::Error>((ready_at, failed))
+            }
+            .await;
+            let cpu = sidecar.cpu_ticks();
+            out.wal_per_event = (wal_bytes(&store).await? - wal0) as f64 / n as f64;
+            out.bench_cpu_per_1k =
+                (self_cpu_ticks() - bench0) as f64 / env.ticks_per_s / n as f64 * 1_000.0;
+            let pg = postgres_cpu_delta(&pg0);
+            out.peak_rss = sidecar.peak_rss();
+            out.closed_while_running = closed_so_far();
+            sidecar.stop().await?;
+            let (ready_at, failed) = run?;
+            out.failed_rows = failed;
+            (times, ready_at, cpu, pg)
+        }
+        Scenario::Paced { rate } => {
+            let rows = load_rows(&store, base, n).await?;
+            let echoes = echoes(&broker)?;
+            let mut sidecar = Sidecar::start(env, url, &broker, history, receiver, "")?;
+            let run = async {
+                sidecar.wait_ready().await?;
+                let ready_at = chrono::Utc::now().timestamp_micros();
+                let pg0 = postgres_cpu_ticks();
+                let cpu0 = sidecar.cpu_ticks();
+                let bench0 = self_cpu_ticks();
+                let times =
+                    tokio::task::block_in_place(|| publish_paced(&rows, TABLE, &broker, rate))?;
+                let (_, failed) = wait_all_done(&store, base, n, answered).await?;
+                (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
+                let cpu = sidecar.cpu_ticks() - cpu0;
+                out.bench_cpu_per_1k =
+                    (self_cpu_ticks() - bench0) as f64 / env.ticks_per_s / n as f64 * 1_000.0;
+                let pg = postgres_cpu_delta(&pg0);
+                Ok::<_, anyhow::Error>((times, ready_at, cpu, pg, failed))
+            }
+            .await;
+            out.peak_rss = sidecar.peak_rss();
+            out.closed_while_running = closed_so_far();
+            sidecar.stop().await?;
+            let (times, ready_at, cpu, pg, failed) = run?;
+            out.failed_rows = failed;
+            (times, ready_at, cpu, pg)
+        }
+        Scenario::Streamed { window } => {
+            let echoes = echoes(&broker)?;
+            let mut sidecar = Sidecar::start(env, url, &broker, history, receiver, "")?;
+            let run = async {
+                sidecar.wait_ready().await?;
+                let ready_at = chrono::Utc::now().timestamp_micros();
+                let pg0 = postgres_cpu_ticks();
+                let cpu0 = sidecar.cpu_ticks();
+                let bench0 = self_cpu_ticks();
+                let wal0 = wal_bytes(&store).await?;
+                let posted = || receiver.state.requests.load(Ordering::Relaxed) - requests_before;
+                let times = publish_streamed(&store, &broker, base, posted, window).await?;
+                let (_, failed) = wait_all_done(&store, base, n, answered).await?;
+                (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
+                let cpu = sidecar.cpu_ticks() - cpu0;
                 out.wal_per_event = (wal_bytes(&store).await? - wal0) as f64 / n as f64;
                 out.bench_cpu_per_1k =
                     (self_cpu_ticks() - bench0) as f64 / env.ticks_per_s / n as f64 * 1_000.0;
                 let pg = postgres_cpu_delta(&pg0);
-                out.peak_rss = sidecar.peak_rss();
-                out.closed_while_running = closed_so_far();
-                sidecar.stop().await?;
-                let (ready_at, failed) = run?;
-                out.failed_rows = failed;
-                (times, ready_at, cpu, pg)
+                Ok::<_, anyhow::Error>((times, ready_at, cpu, pg, failed))
             }
-            Scenario::Paced { rate } => {
-                let rows = load_rows(&store, 0, n).await?;
-                let echoes = echoes(&broker)?;
-                let mut sidecar = Sidecar::start(env, &url, &broker, history, receiver)?;
-                let run = async {
-                    sidecar.wait_ready().await?;
-                    let ready_at = chrono::Utc::now().timestamp_micros();
-                    let pg0 = postgres_cpu_ticks();
-                    let cpu0 = sidecar.cpu_ticks();
-                    let bench0 = self_cpu_ticks();
-                    let times =
-                        tokio::task::block_in_place(|| publish_paced(&rows, TABLE, &broker, rate))?;
-                    let (_, failed) = wait_all_done(&store, n, answered).await?;
-                    (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
-                    let cpu = sidecar.cpu_ticks() - cpu0;
-                    out.bench_cpu_per_1k =
-                        (self_cpu_ticks() - bench0) as f64 / env.ticks_per_s / n as f64 * 1_000.0;
-                    let pg = postgres_cpu_delta(&pg0);
-                    Ok::<_, anyhow::Error>((times, ready_at, cpu, pg, failed))
-                }
-                .await;
-                out.peak_rss = sidecar.peak_rss();
-                out.closed_while_running = closed_so_far();
-                sidecar.stop().await?;
-                let (times, ready_at, cpu, pg, failed) = run?;
-                out.failed_rows = failed;
-                (times, ready_at, cpu, pg)
-            }
-            Scenario::Streamed { window } => {
-                let echoes = echoes(&broker)?;
-                let mut sidecar = Sidecar::start(env, &url, &broker, history, receiver)?;
-                let run = async {
-                    sidecar.wait_ready().await?;
-                    let ready_at = chrono::Utc::now().timestamp_micros();
-                    let pg0 = postgres_cpu_ticks();
-                    let cpu0 = sidecar.cpu_ticks();
-                    let bench0 = self_cpu_ticks();
-                    let wal0 = wal_bytes(&store).await?;
-                    let posted =
-                        || receiver.state.requests.load(Ordering::Relaxed) - requests_before;
-                    let times = publish_streamed(&store, &broker, posted, window).await?;
-                    let (_, failed) = wait_all_done(&store, n, answered).await?;
-                    (out.echoes, out.messages_per_event) = settle(&sidecar, echoes, n).await?;
-                    let cpu = sidecar.cpu_ticks() - cpu0;
-                    out.wal_per_event = (wal_bytes(&store).await? - wal0) as f64 / n as f64;
-                    out.bench_cpu_per_1k =
-                        (self_cpu_ticks() - bench0) as f64 / env.ticks_per_s / n as f64 * 1_000.0;
-                    let pg = postgres_cpu_delta(&pg0);
-                    Ok::<_, anyhow::Error>((times, ready_at, cpu, pg, failed))
-                }
-                .await;
-                out.peak_rss = sidecar.peak_rss();
-                out.closed_while_running = closed_so_far();
-                sidecar.stop().await?;
-                let (times, ready_at, cpu, pg, failed) = run?;
-                out.failed_rows = failed;
-                (times, ready_at, cpu, pg)
-            }
-        };
+            .await;
+            out.peak_rss = sidecar.peak_rss();
+            out.closed_while_running = closed_so_far();
+            sidecar.stop().await?;
+            let (times, ready_at, cpu, pg, failed) = run?;
+            out.failed_rows = failed;
+            (times, ready_at, cpu, pg)
+        }
+    };
 
-        out.requests = receiver.state.requests.load(Ordering::Relaxed) - requests_before;
-        receiver.state.fail_tenth.store(false, Ordering::Relaxed);
-        out.messages_per_event /= n as f64;
-        out.connections_per_1k = (receiver.state.connections.load(Ordering::Relaxed)
-            - connections_before) as f64
-            / n as f64
+    out.requests = receiver.state.requests.load(Ordering::Relaxed) - requests_before;
+    receiver.state.fail_tenth.store(false, Ordering::Relaxed);
+    out.messages_per_event /= n as f64;
+    out.connections_per_1k =
+        (receiver.state.connections.load(Ordering::Relaxed) - connections_before) as f64 / n as f64
             * 1_000.0;
-        out.cpu_per_1k = cpu_ticks as f64 / env.ticks_per_s / n as f64 * 1_000.0;
-        out.pg_cpu_per_1k = pg_ticks as f64 / env.ticks_per_s / n as f64 * 1_000.0;
+    out.cpu_per_1k = cpu_ticks as f64 / env.ticks_per_s / n as f64 * 1_000.0;
+    out.pg_cpu_per_1k = pg_ticks as f64 / env.ticks_per_s / n as f64 * 1_000.0;
 
-        let sent = sent_times(&store).await?;
-        if sent.len() != n {
-            bail!(
-                "{} of {n} rows sent ({} failed)",
-                sent.len(),
-                out.failed_rows
-            );
+    let sent = sent_times(&store, base).await?;
+    if sent.len() != n {
+        bail!(
+            "{} of {n} rows sent ({} failed)",
+            sent.len(),
+            out.failed_rows
+        );
+    }
+    let mut lat = Vec::with_capacity(n);
+    let mut clean_from_ready = Vec::new();
+    let mut refused = Vec::new();
+    let mut first_publish = i64::MAX;
+    let mut last_sent = i64::MIN;
+    for (id, sent_at) in &sent {
+        let published = *times
+            .get(id)
+            .ok_or_else(|| anyhow!("no publish time for id {id}"))?;
+        let sent_us = sent_at.and_utc().timestamp_micros();
+        first_publish = first_publish.min(published);
+        last_sent = last_sent.max(sent_us);
+        let ms = (sent_us - published) as f64 / 1_000.0;
+        lat.push(ms);
+        if fail_tenth && id % 10 == 0 {
+            refused.push(ms);
+        } else if id % 10 != 0 {
+            clean_from_ready.push((sent_us - published.max(ready_at)) as f64 / 1_000.0);
         }
-        let mut lat = Vec::with_capacity(n);
-        let mut clean_from_ready = Vec::new();
-        let mut refused = Vec::new();
-        let mut first_publish = i64::MAX;
-        let mut last_sent = i64::MIN;
-        for (id, sent_at) in &sent {
-            let published = *times
-                .get(id)
-                .ok_or_else(|| anyhow!("no publish time for id {id}"))?;
-            let sent_us = sent_at.and_utc().timestamp_micros();
-            first_publish = first_publish.min(published);
-            last_sent = last_sent.max(sent_us);
-            let ms = (sent_us - published) as f64 / 1_000.0;
-            lat.push(ms);
-            if fail_tenth && id % 10 == 0 {
-                refused.push(ms);
-            } else if id % 10 != 0 {
-                clean_from_ready.push((sent_us - published.max(ready_at)) as f64 / 1_000.0);
-            }
-        }
-        let lat = sorted(lat);
-        out.p50_ms = percentile(&lat, 50.0);
-        out.p99_ms = percentile(&lat, 99.0);
-        out.max_ms = lat.last().copied().unwrap_or(f64::NAN);
-        out.ready_p50_clean_ms = percentile(&sorted(clean_from_ready), 50.0);
-        out.p50_refused_ms = percentile(&sorted(refused), 50.0);
-        let from = match kind {
-            Scenario::Backlog { .. } | Scenario::Streamed { .. } => ready_at,
-            Scenario::Paced { .. } => first_publish,
-        };
-        out.rate = n as f64 / ((last_sent - from) as f64 / 1e6).max(1e-6);
-        store.connection().clone().close().await.ok();
-        Ok(out)
-    })
-    .await
+    }
+    let lat = sorted(lat);
+    out.p50_ms = percentile(&lat, 50.0);
+    out.p99_ms = percentile(&lat, 99.0);
+    out.max_ms = lat.last().copied().unwrap_or(f64::NAN);
+    out.ready_p50_clean_ms = percentile(&sorted(clean_from_ready), 50.0);
+    out.p50_refused_ms = percentile(&sorted(refused), 50.0);
+    let from = match kind {
+        Scenario::Backlog { .. } | Scenario::Streamed { .. } => ready_at,
+        Scenario::Paced { .. } => first_publish,
+    };
+    out.rate = n as f64 / ((last_sent - from) as f64 / 1e6).max(1e-6);
+    store.connection().clone().close().await.ok();
+    Ok(out)
 }
 
 pub(crate) fn add_scenario(

@@ -3,7 +3,8 @@
 use super::*;
 
 /// `outbox-sidecar run` in its own process (the binary cargo built with
-/// this bench's profile), so its memory and CPU are its own.
+/// this bench's profile), so its memory and CPU are its own. `extra` is
+/// TOML appended to the bench's configuration (whole sections).
 pub(crate) struct Sidecar {
     pub(crate) child: std::process::Child,
     pub(crate) pid: u32,
@@ -20,11 +21,19 @@ impl Sidecar {
         broker: &Broker,
         history: bool,
         receiver: &Receiver,
+        extra: &str,
     ) -> Result<Sidecar> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let toml = env.settings(db_url, &broker.brokers, &broker.topic, port, receiver)?;
+        let toml = env.settings(
+            db_url,
+            &broker.brokers,
+            &broker.topic,
+            port,
+            receiver,
+            extra,
+        )?;
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("sidecar.toml");
         std::fs::write(&config, toml)?;
