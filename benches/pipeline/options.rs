@@ -100,9 +100,9 @@ impl Options {
                 "--scale-window" => scale_window = value("--scale-window")?.parse()?,
                 "--scale-only" => scale_only = true,
                 "--scenario" => match value("--scenario")?.as_str() {
-                    "all" => history = false,
+                    "default" => history = false,
                     "history" => history = true,
-                    other => bail!("--scenario wants all or history, got {other:?}\n{USAGE}"),
+                    other => bail!("--scenario wants default or history, got {other:?}\n{USAGE}"),
                 },
                 "--history-rows" => history_rows = Some(value("--history-rows")?.parse()?),
                 "--idle-seconds" => idle_seconds = value("--idle-seconds")?.parse()?,
