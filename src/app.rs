@@ -32,6 +32,8 @@ pub enum AppError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Table(#[from] crate::store::TableError),
+    #[error(transparent)]
+    Tracing(#[from] crate::tracer::ExporterError),
     #[error("cannot listen on {addr} ({key}): {source}")]
     Listen {
         key: &'static str,
@@ -77,15 +79,22 @@ impl App {
         let shutdown = CancellationToken::new();
         let health = Arc::new(ConsumerHealth::default());
         let alive = Arc::new(AtomicBool::new(true));
-        let ctx = Arc::new(JobContext::new(
-            store.clone(),
-            registry,
-            metrics.clone(),
-            settings.dispatch.retry_delay,
-            settings.dispatch.max_attempts,
-            settings.dispatch.max_in_flight,
-            holds.clone(),
-        ));
+        let tracer = crate::tracer::Tracer::new(
+            &settings.tracing,
+            metrics.trace_context_invalid_total.clone(),
+        )?;
+        let ctx = Arc::new(
+            JobContext::new(
+                store.clone(),
+                registry,
+                metrics.clone(),
+                settings.dispatch.retry_delay,
+                settings.dispatch.max_attempts,
+                settings.dispatch.max_in_flight,
+                holds.clone(),
+            )
+            .with_tracer(tracer.clone()),
+        );
         let pipeline = Pipeline::new(
             &settings.kafka,
             &settings.database.table,
@@ -171,6 +180,8 @@ impl App {
             server_shutdown.cancel();
             let _ = server.await;
             let _ = api_server.await;
+            // The spans of the last attempts go out before the exit.
+            let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
         });
         info!(admin = %admin_addr, admin_api = %api_addr, "outbox-sidecar started");
         Ok(App {

@@ -503,7 +503,7 @@ pub fn render_event(row: &OutboxEventRow, history: &[Record], logged: bool) -> S
                     .unwrap_or_default()
             ),
             _ => format!(
-                "  {}  attempt {} {:<7} {:>5} ms  {}  on {}{}",
+                "  {}  attempt {} {:<7} {:>5} ms  {}  on {}{}{}",
                 time(&r.started_at),
                 r.attempt.unwrap_or(0),
                 r.outcome.as_deref().unwrap_or("?"),
@@ -512,6 +512,10 @@ pub fn render_event(row: &OutboxEventRow, history: &[Record], logged: bool) -> S
                     .map(|c| format!("HTTP {c}"))
                     .unwrap_or_else(|| "no answer".into()),
                 r.replica.as_deref().unwrap_or("?"),
+                r.trace_id
+                    .as_deref()
+                    .map(|t| format!("  trace {t}"))
+                    .unwrap_or_default(),
                 r.detail
                     .as_deref()
                     .map(|d| format!("  {d}"))
@@ -667,7 +671,8 @@ pub async fn run_until_stopped(settings: Settings) -> i32 {
             return match e {
                 crate::app::AppError::Config(_)
                 | crate::app::AppError::Table(_)
-                | crate::app::AppError::Dispatch(_) => EXIT_USAGE,
+                | crate::app::AppError::Dispatch(_)
+                | crate::app::AppError::Tracing(_) => EXIT_USAGE,
                 _ => EXIT_FAILED,
             };
         }

@@ -34,6 +34,7 @@ use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn, Instrument};
 
+use crate::dispatch::TraceHeaders;
 use crate::dispatch::{Delivery, Registry};
 use crate::hold::{Holds, Verdict};
 use crate::lease::Lease;
@@ -41,6 +42,7 @@ use crate::metrics::{EventSeries, Metrics};
 use crate::store::batch::{RowReader, Sent, StatusWriter};
 use crate::store::history::Attempt;
 use crate::store::{Outcome, RowRead, Store, StoreError};
+use crate::trace_context::{AttemptSpan, SpanId};
 use crate::transition;
 
 /// The status writes a job makes, as `outbox_db_write_retries_total{to}`
@@ -80,6 +82,8 @@ pub struct JobContext {
     series: HashMap<String, EventSeries>,
     /// The series of names no dispatcher is configured for.
     unregistered: EventSeries,
+    /// Trace context per event and spans per attempt (`[tracing]`).
+    pub tracer: crate::tracer::Tracer,
 }
 
 impl JobContext {
@@ -127,7 +131,14 @@ impl JobContext {
             waiting: AtomicUsize::new(0),
             throttled: AtomicUsize::new(0),
             wait_started: Notify::new(),
+            tracer: crate::tracer::Tracer::off(),
         }
+    }
+
+    /// Sends trace context with every attempt (`[tracing]`).
+    pub fn with_tracer(mut self, tracer: crate::tracer::Tracer) -> Self {
+        self.tracer = tracer;
+        self
     }
 
     /// The metric series of a row's event name.
@@ -217,9 +228,16 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
         "event",
         id = row.id,
         event_name = %row.event_name,
-        attempt = tracing::field::Empty
+        attempt = tracing::field::Empty,
+        trace_id = tracing::field::Empty
     );
     let event_span = span.clone();
+    // The event's trace context, decided once: every attempt is a span of
+    // its own in it.
+    let trace = ctx.tracer.event(&row);
+    if let Some(t) = &trace {
+        span.record("trace_id", tracing::field::display(&t.trace_id));
+    }
     async move {
         // What the receiver's last `Retry-After` asked for, when longer
         // than `retry_delay` (kept in memory only: a restart waits
@@ -315,10 +333,38 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
             let series = ctx.series(&row.event_name);
             let started_at = crate::store::now();
             let started = Instant::now();
+            let started_wall = std::time::SystemTime::now();
+            let attempt_span = trace.as_ref().map(|t| (t, SpanId::random()));
+            let headers = attempt_span.map(|(t, span)| TraceHeaders {
+                traceparent: t.header(span),
+                tracestate: t.state.clone(),
+            });
             let (delivery, timing) = ctx
                 .registry
-                .dispatch(&row, attempt, ctx.store.payload_is_json())
+                .dispatch(&row, attempt, ctx.store.payload_is_json(), headers.as_ref())
                 .await;
+            if let Some((t, span)) = attempt_span {
+                let (http_status, outcome, error) = match &delivery {
+                    Delivery::Delivered { status, .. } => (Some(*status), "success", None),
+                    Delivery::Failed { error, status, .. } => {
+                        (*status, "failure", Some(error.clone()))
+                    }
+                    Delivery::NotSent { error } => (None, "failure", Some(error.clone())),
+                };
+                ctx.tracer.export(AttemptSpan {
+                    trace: t.clone(),
+                    span,
+                    event_id: row.id,
+                    event_name: row.event_name.clone(),
+                    dispatcher: dispatcher.map(str::to_owned),
+                    attempt,
+                    started: started_wall,
+                    ended: std::time::SystemTime::now(),
+                    http_status,
+                    outcome,
+                    error,
+                });
+            }
             if let (Some(elapsed), Some(duration)) = (timing, &series.duration) {
                 duration.observe(elapsed.as_secs_f64());
             }
@@ -346,6 +392,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                     duration_ms: i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX),
                     http_status,
                     detail: Some(detail).filter(|d| !d.is_empty()),
+                    trace_id: trace.as_ref().map(|t| t.trace_id.to_string()),
                 }
             });
             let failed: Option<String>;

@@ -46,4 +46,5 @@ pub mod operator;
 pub mod store;
 pub mod telemetry;
 pub mod trace_context;
+pub mod tracer;
 pub mod transition;

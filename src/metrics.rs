@@ -207,6 +207,9 @@ families! {
     history_writes_failed_total: IntCounter = "outbox_history_writes_failed_total",
         "Attempt-log rows the database refused (table renamed or dropped, a privilege \
          revoked, no partition); their status was written without them";
+    trace_context_invalid_total: IntCounter = "outbox_trace_context_invalid_total",
+        "Events whose [tracing] column held a value that is not a W3C traceparent: \
+         sent in a new trace";
     signing_secret_reload_failures_total: IntCounterVec =
         "outbox_signing_secret_reload_failures_total",
         "Reloads of a dispatcher's signing_secret_file that failed (unreadable, or no \

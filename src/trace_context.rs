@@ -131,6 +131,103 @@ impl TraceParent {
     }
 }
 
+impl TraceId {
+    /// A fresh random trace id (a new trace).
+    pub fn random() -> TraceId {
+        let (a, b) = (SpanId::random(), SpanId::random());
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&a.0);
+        id[8..].copy_from_slice(&b.0);
+        TraceId(id)
+    }
+}
+
+/// An event's trace context, decided once per job: the application's
+/// (`[tracing] column`), or a new trace when the row has none or one that
+/// is not valid. Every attempt is a span of its own in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventTrace {
+    pub trace_id: TraceId,
+    /// The application's span the attempts are children of; none: each
+    /// attempt is a root span of a new trace.
+    pub parent: Option<SpanId>,
+    /// Whether the attempts are sampled (the application's decision; a
+    /// new trace is).
+    pub sampled: bool,
+    /// The application's `tracestate`, passed on as written.
+    pub state: Option<String>,
+}
+
+/// Where an event's trace context came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// The row's valid `traceparent`.
+    Row,
+    /// The row had none: a new trace.
+    None,
+    /// The row's value was not a `traceparent`: a new trace.
+    Invalid(Invalid),
+}
+
+impl EventTrace {
+    /// The context of an event whose row holds `traceparent` and
+    /// `tracestate` (as read from the table's columns).
+    pub fn of_row(traceparent: Option<&str>, tracestate: Option<&str>) -> (EventTrace, Origin) {
+        let value = traceparent.map(str::trim).filter(|v| !v.is_empty());
+        match value.map(|v| TraceParent::parse(v, tracestate)) {
+            Some(Ok(p)) => (
+                EventTrace {
+                    trace_id: p.trace_id,
+                    parent: Some(p.parent_id),
+                    sampled: p.sampled(),
+                    state: p.state,
+                },
+                Origin::Row,
+            ),
+            Some(Err(e)) => (EventTrace::new_trace(), Origin::Invalid(e)),
+            None => (EventTrace::new_trace(), Origin::None),
+        }
+    }
+
+    /// A new trace, sampled.
+    pub fn new_trace() -> EventTrace {
+        EventTrace {
+            trace_id: TraceId::random(),
+            parent: None,
+            sampled: true,
+            state: None,
+        }
+    }
+
+    /// The `traceparent` header of the attempt whose span is `span`.
+    pub fn header(&self, span: SpanId) -> String {
+        format!(
+            "00-{}-{}-{:02x}",
+            self.trace_id,
+            span,
+            u8::from(self.sampled)
+        )
+    }
+}
+
+/// One attempt's span, as exported: what the headers carried and how it
+/// went.
+#[derive(Debug, Clone)]
+pub struct AttemptSpan {
+    pub trace: EventTrace,
+    pub span: SpanId,
+    pub event_id: i64,
+    pub event_name: String,
+    pub dispatcher: Option<String>,
+    pub attempt: i32,
+    pub started: std::time::SystemTime,
+    pub ended: std::time::SystemTime,
+    pub http_status: Option<u16>,
+    /// `success` or `failure`.
+    pub outcome: &'static str,
+    pub error: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +279,31 @@ mod tests {
         let (a, b) = (SpanId::random(), SpanId::random());
         assert_ne!(a.0, [0; 8]);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn an_event_trace_is_the_rows_or_a_new_one() {
+        let (t, origin) = EventTrace::of_row(Some(GOOD), Some("k=v"));
+        assert_eq!(origin, Origin::Row);
+        assert_eq!(t.trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(t.parent.unwrap().to_string(), "00f067aa0ba902b7");
+        assert_eq!(t.state.as_deref(), Some("k=v"));
+        let span = SpanId([9; 8]);
+        assert_eq!(
+            t.header(span),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0909090909090909-01"
+        );
+        let (a, origin) = EventTrace::of_row(None, None);
+        assert_eq!(origin, Origin::None);
+        assert!(a.parent.is_none() && a.sampled);
+        let (b, origin) = EventTrace::of_row(Some("  "), None);
+        assert_eq!(origin, Origin::None);
+        assert_ne!(a.trace_id, b.trace_id, "each new trace is its own");
+        let (_, origin) = EventTrace::of_row(Some("00-xyz"), None);
+        assert!(matches!(origin, Origin::Invalid(_)));
+        // An unsampled parent: the attempts are not sampled either.
+        let unsampled = GOOD.replace("-01", "-00");
+        let (u, _) = EventTrace::of_row(Some(&unsampled), None);
+        assert!(u.header(span).ends_with("-00"));
     }
 }

@@ -105,6 +105,8 @@ mod tests {
             sent_at: None,
             created_at: t,
             updated_at: t,
+            traceparent: None,
+            tracestate: None,
         }
     }
 

@@ -19,6 +19,17 @@ pub struct Model {
     pub sent_at: Option<DateTime>,
     pub created_at: DateTime,
     pub updated_at: DateTime,
+    /// The W3C `traceparent` the application wrote with the event
+    /// (`[tracing] column`), as written; not a column of its own here (the
+    /// table's column is named by the configuration), read with the row
+    /// only when tracing is on.
+    #[sea_orm(ignore)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// Its `tracestate` (`[tracing] state_column`).
+    #[sea_orm(ignore)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 /// The payload column as text, exactly as the database returns it: the

@@ -193,6 +193,7 @@ enum Log {
     Replica,
     Via,
     Label,
+    TraceId,
 }
 
 /// Creates the attempt log `table` and its indexes when missing.
@@ -239,9 +240,21 @@ impl MigrationTrait for CreateAttemptLog {
                     .col(ColumnDef::new(Log::Replica).string_len(255).null())
                     .col(ColumnDef::new(Log::Via).string_len(32).null())
                     .col(ColumnDef::new(Log::Label).string_len(255).null())
+                    .col(ColumnDef::new(Log::TraceId).string_len(32).null())
                     .to_owned(),
             )
             .await?;
+        // A log created before trace context (`[tracing]`) gains its column.
+        if !manager.has_column(&self.table, "trace_id").await? {
+            manager
+                .alter_table(
+                    Table::alter()
+                        .table(table.clone())
+                        .add_column(ColumnDef::new(Log::TraceId).string_len(32).null())
+                        .to_owned(),
+                )
+                .await?;
+        }
         let index = format!("index_{}_on_event_id", self.table);
         ensure_index(manager, &self.table, &index, Log::EventId).await?;
         // Rows arrive in started_at order, which is what a BRIN index is

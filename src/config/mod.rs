@@ -7,7 +7,7 @@
 //!
 //! Each section is a file of its own that validates itself: [`database`],
 //! [`kafka`], [`dispatch`], [`dispatchers`], [`admin`] (with `[metrics]`),
-//! [`history`]; this file holds what spans sections (the loading, the
+//! [`history`], [`trace`] (`[tracing]`); this file holds what spans sections (the loading, the
 //! sidecar's own table names, `[shutdown]` against Kafka's poll interval)
 //! and the small `[shutdown]` and `[log]` sections. Dispatchers are checked
 //! further by building them (`crate::dispatch::Registry`), which the
@@ -23,6 +23,7 @@ pub mod kafka;
 mod secret;
 #[cfg(test)]
 mod tests;
+pub mod trace;
 mod units;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,7 @@ pub use dispatchers::{BreakerSettings, DispatcherSettings, IdempotencyKey, TlsVe
 pub use history::HistorySettings;
 pub use kafka::{property_name, KafkaSettings};
 pub use secret::{DatabaseUrl, Secret, REDACTED};
+pub use trace::TracingSettings;
 pub use units::{byte_size, duration};
 
 /// The environment variable that names the configuration file.
@@ -100,6 +102,8 @@ pub struct Settings {
     pub log: LogSettings,
     #[serde(default)]
     pub history: HistorySettings,
+    #[serde(default)]
+    pub tracing: TracingSettings,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -224,6 +228,7 @@ impl Settings {
         self.database.validate()?;
         self.check_own_table_names()?;
         self.history.validate()?;
+        self.tracing.validate()?;
         self.dispatch.validate()?;
         self.admin.validate()?;
         dispatchers::validate(&self.dispatchers)

@@ -106,6 +106,7 @@ fn attempt_view(r: crate::store::history::Record) -> AttemptView {
         detail: if resend { r.label } else { r.detail },
         replica: r.replica,
         via: r.via,
+        trace_id: r.trace_id,
     }
 }
 

@@ -51,6 +51,9 @@ pub struct AttemptView {
     pub replica: Option<String>,
     /// The dispatcher it went through.
     pub via: Option<String>,
+    /// The attempt's W3C trace id (`[tracing]`): where to look in the
+    /// tracing system.
+    pub trace_id: Option<String>,
 }
 
 /// A configured dispatcher on the overview and the dispatchers page:
@@ -374,7 +377,7 @@ pub fn event(
                 p.muted #timeline { "no attempt recorded (the attempt log is off, or nothing was sent yet)" }
             } @else {
                 table #timeline {
-                    tr { th { "#" } th { "at" } th { "outcome" } th { "HTTP" } th { "duration" } th { "detail" } th { "replica" } th { "via" } }
+                    tr { th { "#" } th { "at" } th { "outcome" } th { "HTTP" } th { "duration" } th { "detail" } th { "replica" } th { "via" } th { "trace" } }
                     @for a in attempts {
                         tr {
                             td { @if let Some(n) = a.attempt { (n) } }
@@ -385,6 +388,7 @@ pub fn event(
                             td { @if let Some(d) = &a.detail { (shorten(d, 200)) } }
                             td { @if let Some(r) = &a.replica { (r) } }
                             td { @if let Some(v) = &a.via { (v) } }
+                            td.trace { @if let Some(t) = &a.trace_id { code { (t) } } }
                         }
                     }
                 }
@@ -621,6 +625,8 @@ mod tests {
             sent_at: None,
             created_at: t,
             updated_at: t,
+            traceparent: None,
+            tracestate: None,
         }
     }
 
@@ -673,10 +679,18 @@ mod tests {
             detail: Some("HTTP 503: down".into()),
             replica: Some("app-7d9f-x2".into()),
             via: Some("accounts".into()),
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
         };
         let html = event(&session(), &r, &[one], None).into_string();
         assert!(!html.contains("no attempt recorded"));
-        for text in ["503", "41 ms", "app-7d9f-x2", "accounts", "failure"] {
+        for text in [
+            "503",
+            "41 ms",
+            "app-7d9f-x2",
+            "accounts",
+            "failure",
+            "4bf92f3577b34da6a3ce929d0e0e4736",
+        ] {
             assert!(html.contains(text), "{text}");
         }
     }

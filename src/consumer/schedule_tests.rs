@@ -22,6 +22,8 @@ fn row(id: i64, status: Status, attempts: i32, updated_ms: i64) -> OutboxEventRo
         sent_at: None,
         created_at: ts(0),
         updated_at: ts(updated_ms),
+        traceparent: None,
+        tracestate: None,
     }
 }
 

@@ -204,6 +204,7 @@ impl Dispatcher {
         attempt: i32,
         payload_is_json: bool,
         table: Option<&str>,
+        trace: Option<&TraceHeaders>,
     ) -> Delivery {
         if !payload_is_json {
             if let Err(e) = row.payload.raw_json() {
@@ -233,6 +234,12 @@ impl Dispatcher {
         }
         insert(&mut headers, "outbox-event-name", &row.event_name);
         insert(&mut headers, "outbox-attempt", &attempt.to_string());
+        if let Some(trace) = trace {
+            insert(&mut headers, "traceparent", &trace.traceparent);
+            if let Some(state) = &trace.tracestate {
+                insert(&mut headers, "tracestate", state);
+            }
+        }
         let request = self
             .client
             .post(self.url.clone())
@@ -338,6 +345,13 @@ impl Dispatcher {
         }
         text
     }
+}
+
+/// The W3C trace context headers of one attempt (`[tracing]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceHeaders {
+    pub traceparent: String,
+    pub tracestate: Option<String>,
 }
 
 fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
@@ -526,12 +540,13 @@ impl Registry {
         row: &OutboxEventRow,
         attempt: i32,
         payload_is_json: bool,
+        trace: Option<&TraceHeaders>,
     ) -> (Delivery, Option<Duration>) {
         match self.get(&row.event_name) {
             Some(d) => {
                 let started = Instant::now();
                 let delivery = d
-                    .send(row, attempt, payload_is_json, self.table.as_deref())
+                    .send(row, attempt, payload_is_json, self.table.as_deref(), trace)
                     .await;
                 (delivery, Some(started.elapsed()))
             }

@@ -152,11 +152,17 @@ impl Store {
         )
         .await?
         .with_pause_table(&settings.dispatch.pause_table);
-        Ok(if settings.history.enabled {
+        let store = if settings.history.enabled {
             store.with_history(&settings.history.table, &settings.history.replica_name())
         } else {
             store.without_history()
-        })
+        };
+        let tracing = &settings.tracing;
+        let columns = tracing.column.as_ref().map(|column| super::TraceColumns {
+            column: column.clone(),
+            state_column: tracing.state_column.clone(),
+        });
+        Ok(store.with_tracing(columns, tracing.enabled()))
     }
 
     /// A store on `table` with the defaults of the settings: the attempt
@@ -171,9 +177,33 @@ impl Store {
             history: Some(std::sync::Arc::new(history::HistoryTable {
                 table: history.table.clone(),
                 replica: history.replica_name(),
+                trace_ids: false,
             })),
             pause_table: crate::config::DispatchSettings::default().pause_table,
+            trace: None,
         }
+    }
+
+    /// Reads the trace context's columns with each row, and writes the
+    /// trace id into the attempt log (`[tracing] column`).
+    /// `log_trace_ids`: `[tracing]` is on (a column or an exporter), so
+    /// each attempt has a trace id to log; call after `with_history`.
+    pub fn with_tracing(
+        mut self,
+        columns: Option<super::TraceColumns>,
+        log_trace_ids: bool,
+    ) -> Self {
+        self.trace = columns;
+        if let Some(h) = &self.history {
+            let mut h = (**h).clone();
+            h.trace_ids = log_trace_ids;
+            self.history = Some(std::sync::Arc::new(h));
+        }
+        self
+    }
+
+    pub fn trace_columns(&self) -> Option<&super::TraceColumns> {
+        self.trace.as_ref()
     }
 
     /// Writes no attempt log (`history.enabled = false`).
@@ -187,6 +217,7 @@ impl Store {
         self.history = Some(std::sync::Arc::new(history::HistoryTable {
             table: table.to_owned(),
             replica: replica.to_owned(),
+            trace_ids: false,
         }));
         self
     }
@@ -306,6 +337,23 @@ impl Store {
                     return Err(TableError::Store(error));
                 }
                 return Err(TableError::OwnMissing { table, key, hint });
+            }
+        }
+        // The log made before trace context has no trace_id: `migrate` adds it.
+        if let Some(h) = self.history.as_ref().filter(|h| h.trace_ids) {
+            let columns = self.columns_of(&h.table).await?;
+            if !columns
+                .iter()
+                .any(|c| c.name.eq_ignore_ascii_case("trace_id"))
+            {
+                return Err(TableError::Configured {
+                    table: h.table.clone(),
+                    column: "trace_id".to_owned(),
+                    key: "history.table",
+                    why: "is missing ([tracing] is on and logs each attempt's trace id): run \
+                          `outbox-sidecar migrate`"
+                        .to_owned(),
+                });
             }
         }
         Ok(())

@@ -25,6 +25,8 @@ pub struct Attempt {
     pub http_status: Option<u16>,
     /// A redacted excerpt of the response, or the error text.
     pub detail: Option<String>,
+    /// The attempt's W3C trace id (32 hex digits), with `[tracing]` on.
+    pub trace_id: Option<String>,
 }
 
 /// How a resend was asked for.
@@ -76,6 +78,9 @@ pub struct HistoryTable {
     pub table: String,
     /// This replica's name, written with each attempt.
     pub replica: String,
+    /// Each attempt's trace id goes into the `trace_id` column
+    /// (`[tracing]` on; `migrate` adds the column).
+    pub trace_ids: bool,
 }
 
 /// One row of the log, as `events show` and `GET /admin/events/{id}` show it.
@@ -97,6 +102,9 @@ pub struct Record {
     /// `cli`, `admin-api` or `console` (resends only).
     pub via: Option<String>,
     pub label: Option<String>,
+    /// The attempt's W3C trace id (with `[tracing]` on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// `detail` is cut as `last_error` is (an excerpt is ≤ 200 bytes anyway).
@@ -130,6 +138,29 @@ pub(crate) fn columns<'a>(
     ]
 }
 
+/// The attempts' trace ids as a PostgreSQL array parameter ('': none).
+pub(crate) fn trace_ids<'a>(attempts: impl Iterator<Item = &'a Attempt>) -> sea_orm::Value {
+    array(attempts, |a| a.trace_id.clone().unwrap_or_default())
+}
+
+impl HistoryTable {
+    /// The SQL pieces that add the trace id to an attempt INSERT fed by an
+    /// `unnest`, when the log keeps it: the column list's `, trace_id`,
+    /// the `unnest` argument (`, $n::text[]`), its alias and the value
+    /// selected. Empty strings with the trace ids off.
+    pub(crate) fn trace_sql(&self, param: Option<&str>) -> [String; 4] {
+        match (self.trace_ids, param) {
+            (true, Some(p)) => [
+                ", trace_id".to_owned(),
+                format!(", {p}::text[]"),
+                ", trace_id".to_owned(),
+                ", NULLIF(trace_id, '')".to_owned(),
+            ],
+            _ => Default::default(),
+        }
+    }
+}
+
 pub(crate) fn quoted(table: &str) -> String {
     format!("\"{}\"", table.replace('"', "\"\""))
 }
@@ -145,14 +176,20 @@ impl HistoryTable {
         first: usize,
     ) -> (String, Vec<sea_orm::Value>) {
         let p = |i: usize| format!("${}", first + i);
+        let [trace_col, trace_arg, trace_alias, _] = self.trace_sql(Some(&p(8)));
+        let trace_val = if self.trace_ids {
+            ", NULLIF(a.trace_id, '')"
+        } else {
+            ""
+        };
         let sql = format!(
             ", h AS (INSERT INTO {table} (event_id, kind, attempt, started_at, duration_ms, \
-             outcome, http_status, detail, replica) \
+             outcome, http_status, detail, replica{trace_col}) \
              SELECT a.id, 'attempt', a.attempt, a.started_at, a.duration_ms, {outcome_p}, \
-             NULLIF(a.http_status, 0), NULLIF(a.detail, ''), {replica_p} \
+             NULLIF(a.http_status, 0), NULLIF(a.detail, ''), {replica_p}{trace_val} \
              FROM unnest({ids}::bigint[], {atts}::integer[], {starts}::timestamp[], \
-             {durs}::integer[], {codes}::integer[], {details}::text[]) \
-             AS a(id, attempt, started_at, duration_ms, http_status, detail) \
+             {durs}::integer[], {codes}::integer[], {details}::text[]{trace_arg}) \
+             AS a(id, attempt, started_at, duration_ms, http_status, detail{trace_alias}) \
              JOIN u ON u.id = a.id)",
             table = quoted(&self.table),
             outcome_p = p(0),
@@ -170,6 +207,9 @@ impl HistoryTable {
             array(attempts.iter(), |a| a.event_id),
         ];
         values.extend(columns(attempts.iter()));
+        if self.trace_ids {
+            values.push(trace_ids(attempts.iter()));
+        }
         (sql, values)
     }
 
@@ -184,25 +224,26 @@ impl HistoryTable {
         if attempts.is_empty() {
             return None;
         }
+        let mut names = vec![
+            "event_id",
+            "kind",
+            "attempt",
+            "started_at",
+            "duration_ms",
+            "outcome",
+            "http_status",
+            "detail",
+            "replica",
+        ];
+        if self.trace_ids {
+            names.push("trace_id");
+        }
         let mut insert = Query::insert()
             .into_table(Alias::new(&self.table))
-            .columns(
-                [
-                    "event_id",
-                    "kind",
-                    "attempt",
-                    "started_at",
-                    "duration_ms",
-                    "outcome",
-                    "http_status",
-                    "detail",
-                    "replica",
-                ]
-                .map(Alias::new),
-            )
+            .columns(names.into_iter().map(Alias::new))
             .to_owned();
         for a in attempts {
-            insert.values_panic([
+            let mut values: Vec<sea_orm::sea_query::SimpleExpr> = vec![
                 a.event_id.into(),
                 "attempt".into(),
                 a.attempt.into(),
@@ -212,7 +253,11 @@ impl HistoryTable {
                 a.http_status.map(i32::from).into(),
                 cut(&a.detail).into(),
                 self.replica.clone().into(),
-            ]);
+            ];
+            if self.trace_ids {
+                values.push(a.trace_id.clone().into());
+            }
+            insert.values_panic(values);
         }
         Some(backend.build(&insert))
     }
@@ -251,7 +296,7 @@ impl Store {
         let Some(h) = self.history_table() else {
             return Ok(Vec::new());
         };
-        let stmt = Query::select()
+        let mut stmt = Query::select()
             .columns(
                 [
                     "id",
@@ -269,6 +314,15 @@ impl Store {
                 ]
                 .map(Alias::new),
             )
+            .to_owned();
+        // A log without the column (tracing off, no `migrate` since) reads
+        // as no trace ids.
+        if h.trace_ids {
+            stmt.column(Alias::new("trace_id"));
+        } else {
+            stmt.expr_as(Expr::val(Option::<String>::None), Alias::new("trace_id"));
+        }
+        let stmt = stmt
             .from(Alias::new(&h.table))
             .and_where(Expr::col(Alias::new("event_id")).eq(id))
             .order_by(Alias::new("id"), Order::Asc)

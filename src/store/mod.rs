@@ -201,6 +201,16 @@ pub struct Store {
     history: Option<std::sync::Arc<history::HistoryTable>>,
     /// The paused dispatchers (`dispatch.pause_table`).
     pause_table: String,
+    /// The trace context's columns (`[tracing]`), read with each row.
+    trace: Option<TraceColumns>,
+}
+
+/// The outbox table's trace context columns (`[tracing] column`,
+/// `state_column`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceColumns {
+    pub column: String,
+    pub state_column: Option<String>,
 }
 
 /// Now, in UTC, at the microsecond precision every backend stores, so the

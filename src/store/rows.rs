@@ -44,7 +44,10 @@ const ROW_COLUMNS: [Column; 9] = [
 /// A row of [`Store::select_rows`], read by position: the statement fixes
 /// the order, and reading by index skips a search of the columns by name
 /// per value. An error names the column.
-fn decode_row(r: &QueryResult) -> Result<OutboxEventRow, DbErr> {
+/// `traced`: the statement selects the trace context's columns after
+/// [`ROW_COLUMNS`] (`[tracing]`): 0, 1 (`traceparent`) or 2 (and
+/// `tracestate`).
+fn decode_row(r: &QueryResult, traced: usize) -> Result<OutboxEventRow, DbErr> {
     fn at<T: sea_orm::TryGetable>(r: &QueryResult, i: usize) -> Result<T, DbErr> {
         r.try_get_by_index(i).map_err(|e| {
             DbErr::Type(format!(
@@ -63,6 +66,14 @@ fn decode_row(r: &QueryResult) -> Result<OutboxEventRow, DbErr> {
         sent_at: at(r, 6)?,
         created_at: at(r, 7)?,
         updated_at: at(r, 8)?,
+        // A value that cannot be read as text reads as none: the event is
+        // sent with a new trace, never held back by its trace context.
+        traceparent: (traced > 0)
+            .then(|| r.try_get_by_index::<Option<String>>(9).ok().flatten())
+            .flatten(),
+        tracestate: (traced > 1)
+            .then(|| r.try_get_by_index::<Option<String>>(10).ok().flatten())
+            .flatten(),
     })
 }
 
@@ -108,12 +119,36 @@ impl Store {
                 }
             }
         }
+        if let Some(trace) = &self.trace {
+            let to = match backend {
+                DbBackend::Postgres => Some("text"),
+                DbBackend::MySql => Some("CHAR"),
+                _ => None,
+            };
+            for (column, alias) in std::iter::once((&trace.column, "traceparent"))
+                .chain(trace.state_column.iter().map(|c| (c, "tracestate")))
+            {
+                let expr = Expr::col(Alias::new(column));
+                match to {
+                    Some(to) => stmt.expr_as(expr.cast_as(Alias::new(to)), Alias::new(alias)),
+                    None => stmt.expr_as(expr, Alias::new(alias)),
+                };
+            }
+        }
         stmt.from(self.tbl()).to_owned()
+    }
+
+    /// How many trace context columns [`Store::select_rows`] selects.
+    fn traced(&self) -> usize {
+        self.trace
+            .as_ref()
+            .map_or(0, |t| 1 + usize::from(t.state_column.is_some()))
     }
 
     pub(super) async fn fetch(&self, stmt: &SelectStatement) -> Result<Vec<OutboxEventRow>, DbErr> {
         let rows = self.db.query_all(stmt).await?;
-        rows.iter().map(decode_row).collect()
+        let traced = self.traced();
+        rows.iter().map(|r| decode_row(r, traced)).collect()
     }
 
     /// As [`Store::get_many`], each row decoded on its own. A row whose
@@ -128,9 +163,10 @@ impl Store {
             .query_all(&stmt)
             .await
             .map_err(db_err("reading events"))?;
+        let traced = self.traced();
         Ok(rows
             .iter()
-            .filter_map(|r| match decode_row(r) {
+            .filter_map(|r| match decode_row(r, traced) {
                 Ok(row) => Some(RowRead::Row(row)),
                 Err(e) => r
                     .try_get_by_index::<i64>(0)

@@ -59,6 +59,15 @@ pub enum TableError {
         key: &'static str,
         hint: &'static str,
     },
+    /// A column named by the configuration (`[tracing] column`) that the
+    /// table does not have, or cannot be read as text.
+    #[error("column {table}.{column} ({key}) {why}")]
+    Configured {
+        table: String,
+        column: String,
+        key: &'static str,
+        why: String,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -169,6 +178,11 @@ pub const REQUIRED: [(&str, &str); 9] = [
 impl Store {
     /// The table's columns from the catalogue (empty: no such table).
     pub async fn columns(&self) -> Result<Vec<ColumnInfo>, StoreError> {
+        self.columns_of(self.table()).await
+    }
+
+    /// `table`'s columns from the catalogue (empty: no such table).
+    pub async fn columns_of(&self, table: &str) -> Result<Vec<ColumnInfo>, StoreError> {
         let backend = self.backend();
         let sql = match backend {
             DbBackend::Postgres => {
@@ -193,7 +207,7 @@ impl Store {
             .query_all_raw(Statement::from_sql_and_values(
                 backend,
                 sql,
-                [self.table().to_owned().into()],
+                [table.to_owned().into()],
             ))
             .await
             .map_err(db_err("reading the table's columns"))?;
@@ -233,6 +247,34 @@ impl Store {
                     table,
                     column,
                     found: info.data_type.clone(),
+                    why,
+                });
+            }
+        }
+        if let Some(trace) = self.trace_columns() {
+            for (key, column) in std::iter::once(("tracing.column", &trace.column)).chain(
+                trace
+                    .state_column
+                    .iter()
+                    .map(|c| ("tracing.state_column", c)),
+            ) {
+                let why = match columns.iter().find(|c| c.name.eq_ignore_ascii_case(column)) {
+                    None => "does not exist: add it (a string column the application fills \
+                             with the request's W3C trace context), or unset the key"
+                        .to_owned(),
+                    Some(info)
+                        if self.backend() != DbBackend::Sqlite
+                            && check_column(self.backend(), "event_name", &info.data_type)
+                                .is_err() =>
+                    {
+                        format!("is {}: the sidecar needs {STRINGS}", info.data_type)
+                    }
+                    Some(_) => continue,
+                };
+                return Err(TableError::Configured {
+                    table,
+                    column: column.clone(),
+                    key,
                     why,
                 });
             }

@@ -40,6 +40,8 @@ async fn insert_silently(txn: &DatabaseTransaction, status: &str, n: i64) -> Out
         sent_at: None,
         created_at: now,
         updated_at: now,
+        traceparent: None,
+        tracestate: None,
     }
 }
 

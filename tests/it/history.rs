@@ -32,6 +32,7 @@ fn attempt(id: i64, n: i32, http: Option<u16>, detail: &str) -> Attempt {
         duration_ms: 12 * n,
         http_status: http,
         detail: Some(detail.to_owned()),
+        trace_id: None,
     }
 }
 
@@ -469,6 +470,108 @@ async fn the_chart_counts_attempts_per_minute(backend: Backend) {
         .is_none());
 }
 
+/// `[tracing]`: the trace ids go into the log on every write path (a
+/// failure, a batch whose attempts ride in the UPDATE, one matched by id),
+/// the outbox table's trace columns are read with the row, and a store
+/// with tracing off reads a log with the column as no trace ids.
+async fn trace_ids_are_logged_and_the_trace_columns_read(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let plain = db.store().await;
+    let store = plain.clone().with_tracing(
+        Some(outbox_sidecar::store::TraceColumns {
+            column: "traceparent".into(),
+            state_column: Some("tracestate".into()),
+        }),
+        true,
+    );
+    let traced = |mut a: Attempt, t: &str| {
+        a.trace_id = Some(t.repeat(32));
+        a
+    };
+    let row = pending(&plain).await;
+    let failure = Step::new(&row, crate::store::failed(&plain, &row, "down", 3));
+    register_failure_many(
+        &store,
+        &[failure],
+        &[traced(attempt(row.id, 1, Some(503), "down"), "a")],
+    )
+    .await
+    .unwrap();
+    let row = plain.get(row.id).await.unwrap().unwrap();
+    let other = pending(&plain).await;
+    let steps = [Step::new(&row, sent(&row)), Step::new(&other, sent(&other))];
+    let log = [
+        traced(attempt(row.id, 2, Some(200), "ok"), "b"),
+        traced(attempt(other.id, 1, Some(200), "ok"), "c"),
+    ];
+    mark_sent_many(&store, &steps, &log).await.unwrap();
+    let (third, fourth) = (pending(&plain).await, pending(&plain).await);
+    let steps = [
+        Step::new(&third, sent(&third)),
+        Step::new(&fourth, sent(&fourth)),
+    ];
+    let log = [traced(attempt(third.id, 1, Some(200), "ok"), "d")];
+    mark_sent_many(&store, &steps, &log).await.unwrap();
+    let ids = |id: i64| {
+        let store = store.clone();
+        async move {
+            store
+                .history(id)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.trace_id.unwrap_or_default())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(ids(row.id).await, ["a".repeat(32), "b".repeat(32)]);
+    assert_eq!(ids(other.id).await, ["c".repeat(32)]);
+    assert_eq!(ids(third.id).await, ["d".repeat(32)]);
+    assert!(plain
+        .history(row.id)
+        .await
+        .unwrap()
+        .iter()
+        .all(|r| r.trace_id.is_none()));
+
+    // The outbox table's trace columns, read with the row (before they
+    // exist, the start-up check names them).
+    let e = store.check_table().await.unwrap_err().to_string();
+    assert!(
+        e.contains("traceparent") && e.contains("tracing.column"),
+        "{e}"
+    );
+    let table = plain.table();
+    for sql in [
+        format!("ALTER TABLE {table} ADD COLUMN traceparent varchar(55)"),
+        format!("ALTER TABLE {table} ADD COLUMN tracestate text"),
+        format!(
+            "UPDATE {table} SET traceparent = '00-{}-{}-01', tracestate = 'k=v' WHERE id = {}",
+            "e".repeat(32),
+            "f".repeat(16),
+            fourth.id
+        ),
+    ] {
+        plain.connection().execute_unprepared(&sql).await.unwrap();
+    }
+    store
+        .check_table()
+        .await
+        .expect("the trace columns are strings");
+    let read = store.get(fourth.id).await.unwrap().unwrap();
+    assert_eq!(
+        read.traceparent,
+        Some(format!("00-{}-{}-01", "e".repeat(32), "f".repeat(16)))
+    );
+    assert_eq!(read.tracestate.as_deref(), Some("k=v"));
+    let read = store.get(third.id).await.unwrap().unwrap();
+    assert_eq!((read.traceparent, read.tracestate), (None, None));
+    assert_eq!(
+        plain.get(fourth.id).await.unwrap().unwrap().traceparent,
+        None
+    );
+}
+
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
         mod postgres { $( #[tokio::test] async fn $name() { super::$name(super::Backend::Postgres).await } )* }
@@ -478,6 +581,7 @@ macro_rules! on_every_backend {
 }
 
 on_every_backend!(
+    trace_ids_are_logged_and_the_trace_columns_read,
     the_chart_counts_attempts_per_minute,
     attempts_are_on_record_exactly_when_their_status_is,
     resends_are_recorded_with_who_asked,

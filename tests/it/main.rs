@@ -27,3 +27,4 @@ mod signing;
 mod slow_clients;
 mod store;
 mod tls;
+mod tracing;

@@ -509,8 +509,9 @@ const MAP_SECTIONS: [&str; 3] = [
     "dispatchers.NAME.header_files",
 ];
 
-const TOP_SECTIONS: [&str; 9] = [
+const TOP_SECTIONS: [&str; 10] = [
     "database",
+    "tracing",
     "kafka",
     "dispatch",
     "dispatchers",

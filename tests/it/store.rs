@@ -1251,6 +1251,7 @@ mod same_rows {
             duration_ms: 7,
             http_status: Some(http_status),
             detail: Some(format!("HTTP {http_status}")),
+            trace_id: None,
         }
     }
 

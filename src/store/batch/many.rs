@@ -146,17 +146,22 @@ pub async fn mark_sent_many(
                     history::columns(aligned.iter().copied()).map(|v| p.add(v));
                 let outcome = p.add("success");
                 let replica = p.add(h.replica.clone());
+                let traces = h
+                    .trace_ids
+                    .then(|| p.add(history::trace_ids(aligned.iter().copied())));
+                let [trace_col, trace_arg, trace_alias, trace_val] = h.trace_sql(traces.as_deref());
+                let trace_ret = if traces.is_some() { ", k.trace_id" } else { "" };
                 format!(
                     "WITH u AS (UPDATE {table} AS t {set} \
                      FROM unnest({keys}, {attempt}::integer[], {started_at}::timestamp[], \
-                     {duration_ms}::integer[], {http_status}::integer[], {detail}::text[]) \
-                     AS k({names}, attempt, started_at, duration_ms, http_status, detail) \
+                     {duration_ms}::integer[], {http_status}::integer[], {detail}::text[]{trace_arg}) \
+                     AS k({names}, attempt, started_at, duration_ms, http_status, detail{trace_alias}) \
                      WHERE {which} \
-                     RETURNING t.id, k.attempt, k.started_at, k.duration_ms, k.http_status, k.detail), \
+                     RETURNING t.id, k.attempt, k.started_at, k.duration_ms, k.http_status, k.detail{trace_ret}), \
                      h AS (INSERT INTO {log_table} (event_id, kind, attempt, started_at, duration_ms, \
-                     outcome, http_status, detail, replica) \
+                     outcome, http_status, detail, replica{trace_col}) \
                      SELECT id, 'attempt', attempt, started_at, duration_ms, {outcome}, \
-                     NULLIF(http_status, 0), NULLIF(detail, ''), {replica} FROM u) \
+                     NULLIF(http_status, 0), NULLIF(detail, ''), {replica}{trace_val} FROM u) \
                      SELECT id FROM u",
                     log_table = history::quoted(&h.table),
                 )
