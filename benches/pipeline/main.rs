@@ -202,6 +202,8 @@ pub(crate) const S2: &str = "S2 10% fail once";
 pub(crate) const S1_NO_LOG: &str = "S1 backlog, attempt log off";
 /// S1 without echoes: what the change feed's echoes cost.
 pub(crate) const S1_NO_ECHO: &str = "S1 backlog, no echoes";
+/// S1 with a traceparent column the sidecar reads, no exporter.
+pub(crate) const S1_TRACED: &str = "S1 backlog, traceparent column";
 /// S1 against the 204 receiver.
 pub(crate) const S1_204: &str = "S1 backlog, 204 receiver";
 /// S1 against the 201 receiver over HTTPS.
@@ -220,6 +222,7 @@ pub(crate) fn base_setup(opts: &Options) -> Setup {
         target: Target::Created,
         echoes: opts.echoes,
         payload_bytes: 0,
+        traced: false,
     }
 }
 
@@ -322,6 +325,22 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     let forward = run % 2 == 1;
     if o.scale_only {
         return scale(env, sheet, run, forward).await;
+    }
+    if o.trace_pair {
+        // S1 beside S1 with trace context read and sent (no exporter),
+        // in turn forwards and backwards.
+        let traced = Setup {
+            traced: true,
+            ..base
+        };
+        let mut pair = [(S1, base), (S1_TRACED, traced)];
+        if !forward {
+            pair.reverse();
+        }
+        for (label, setup) in pair {
+            backlog(env, sheet, run, label, false, true, setup, n).await?;
+        }
+        return Ok(());
     }
     if o.backlog_only {
         // For comparing changes: scenario 1 alone, no limits, no ratios.

@@ -16,6 +16,9 @@ pub(crate) struct Options {
     pub(crate) backlog_only: bool,
     /// With `--backlog-only`: S1 with the attempt log off.
     pub(crate) no_attempt_log: bool,
+    /// `--trace-pair`: S1 and S1 with a traceparent column read and sent
+    /// (no exporter), paired; the goal: within 5 %.
+    pub(crate) trace_pair: bool,
     /// Extra librdkafka properties for every consumer (the sidecar's too).
     pub(crate) kafka_properties: Vec<(String, String)>,
     /// Publish the sidecar's status writes back onto the topic (default).
@@ -43,7 +46,7 @@ pub(crate) struct Options {
 pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pipeline -- \
 [--events N] [--runs R] [--quick] [--backlog-only] [--max-in-flight M] [--naive-events N] \
 [--limit-events N] [--paced-seconds S] [--no-attempt-log] [--pg-url URL] [--kafka-property KEY=VALUE]... \
-[--no-echoes] [--large-events N] [--large-payload-bytes B] \
+[--no-echoes] [--trace-pair] [--large-events N] [--large-payload-bytes B] \
 [--scale-events N] [--scale-window W] [--scale-only] \
 | --scenario history [--events N] [--runs R] [--history-rows N] [--idle-seconds S] \
 | --memory [--events N] [--payload-kib K]
@@ -64,6 +67,7 @@ impl Options {
         let mut quick = false;
         let mut backlog_only = false;
         let mut no_attempt_log = false;
+        let mut trace_pair = false;
         let mut echoes = true;
         let mut large_events: Option<usize> = None;
         let mut large_payload_bytes = 50 * 1024;
@@ -89,6 +93,7 @@ impl Options {
                 "--quick" => quick = true,
                 "--backlog-only" => backlog_only = true,
                 "--no-attempt-log" => no_attempt_log = true,
+                "--trace-pair" => trace_pair = true,
                 "--memory" => memory = true,
                 "--payload-kib" => payload_kib = value("--payload-kib")?.parse()?,
                 "--no-echoes" => echoes = false,
@@ -147,6 +152,7 @@ impl Options {
             quick,
             backlog_only,
             no_attempt_log,
+            trace_pair,
             kafka_properties,
             echoes,
             // The mock broker keeps 5 MiB per partition: 600 events of

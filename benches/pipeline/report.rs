@@ -172,6 +172,20 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
         }
         return out;
     }
+    if opts.trace_pair {
+        let pairs = per_run(sheet, &[super::S1_TRACED, super::S1], |v| v[0] / v[1]);
+        line(
+            &mut out,
+            super::verdict::goal_line(
+                "S1 with a traceparent column, no exporter: events/s ÷ S1's beside it",
+                &pairs,
+                super::verdict::Bound::AtLeast(0.95),
+                super::verdict::Shown::Times(3),
+                "goal ≥ 0.95 (issue #34: within 5 % of S1)",
+            ),
+        );
+        return out;
+    }
     if opts.backlog_only {
         // No limits were measured: no ratios, no verdicts.
         line(

@@ -25,6 +25,9 @@ pub(crate) struct Setup {
     pub(crate) echoes: bool,
     /// Pad each payload to this many bytes (0: the ~350-byte payload).
     pub(crate) payload_bytes: usize,
+    /// Each row carries a W3C `traceparent` in a column the sidecar reads
+    /// (`[tracing] column`, no exporter): what trace context costs.
+    pub(crate) traced: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -130,6 +133,19 @@ pub(crate) async fn scenario_on(
 ) -> Result<ScenarioResult> {
     let store = open_store(url, TABLE, 4).await?;
     let base = max_id(&store).await?;
+    if setup.traced {
+        // A traceparent per row, filled by the column's (volatile) default
+        // as the rows go in: the same INSERT as untraced rows.
+        store
+            .connection()
+            .execute_unprepared(&format!(
+                "ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS traceparent varchar(55) \
+                 DEFAULT ('00-' || md5(random()::text) || '-' || \
+                 substr(md5(random()::text), 1, 16) || '-01')"
+            ))
+            .await
+            .context("adding the traceparent column")?;
+    }
     insert_rows(&store, n, setup.payload_bytes).await?;
     if setup.echoes {
         echo::install(&store).await?;
@@ -178,7 +194,8 @@ pub(crate) async fn scenario_on(
             let bench0 = self_cpu_ticks();
             let started = Instant::now();
             let echoes = echoes(&broker)?;
-            let mut sidecar = Sidecar::start(env, url, &broker, history, receiver, "")?;
+            let mut sidecar =
+                Sidecar::start(env, url, &broker, history, receiver, tracing_toml(setup))?;
             let run = async {
                 sidecar.wait_ready().await?;
                 let ready_at = chrono::Utc::now().timestamp_micros();
@@ -240,7 +257,8 @@ pub(crate) async fn scenario_on(
         Scenario::Paced { rate } => {
             let rows = load_rows(&store, base, n).await?;
             let echoes = echoes(&broker)?;
-            let mut sidecar = Sidecar::start(env, url, &broker, history, receiver, "")?;
+            let mut sidecar =
+                Sidecar::start(env, url, &broker, history, receiver, tracing_toml(setup))?;
             let run = async {
                 sidecar.wait_ready().await?;
                 let ready_at = chrono::Utc::now().timestamp_micros();
@@ -267,7 +285,8 @@ pub(crate) async fn scenario_on(
         }
         Scenario::Streamed { window } => {
             let echoes = echoes(&broker)?;
-            let mut sidecar = Sidecar::start(env, url, &broker, history, receiver, "")?;
+            let mut sidecar =
+                Sidecar::start(env, url, &broker, history, receiver, tracing_toml(setup))?;
             let run = async {
                 sidecar.wait_ready().await?;
                 let ready_at = chrono::Utc::now().timestamp_micros();
@@ -447,4 +466,13 @@ pub(crate) fn add_scenario(
         load,
     );
     sheet.add(&name("events"), Unit::Count, o.events as f64, load);
+}
+
+/// The sidecar's `[tracing]` for `setup`: the column, no exporter.
+fn tracing_toml(setup: Setup) -> &'static str {
+    if setup.traced {
+        "[tracing]\ncolumn = \"traceparent\"\n"
+    } else {
+        ""
+    }
 }

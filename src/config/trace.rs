@@ -73,13 +73,15 @@ impl TracingSettings {
         if let Some(endpoint) = &self.otlp_endpoint {
             match url::Url::parse(endpoint) {
                 Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-                _ => return Err(ConfigError::key(
-                    "tracing.otlp_endpoint",
-                    format!(
+                _ => {
+                    return Err(ConfigError::key(
+                        "tracing.otlp_endpoint",
+                        format!(
                         "{:?} is not an http(s) URL (e.g. http://otel-collector:4318/v1/traces)",
                         super::secret_free_url(endpoint)
                     ),
-                )),
+                    ))
+                }
             }
         }
         if self.service_name.trim().is_empty() {
