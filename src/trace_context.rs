@@ -28,23 +28,42 @@ impl fmt::Display for SpanId {
 }
 
 impl SpanId {
-    /// A fresh random span id.
+    /// A fresh random span id: SplitMix64 per thread, seeded once from the
+    /// OS (a system call per attempt cost the hot path more than the rest
+    /// of the trace context together); ids only need to be unique, not
+    /// secret.
     pub fn random() -> SpanId {
+        thread_local! {
+            static STATE: std::cell::Cell<u64> = std::cell::Cell::new(seed());
+        }
         loop {
-            let mut b = [0u8; 8];
-            if getrandom::fill(&mut b).is_err() {
-                // No OS randomness: a time-derived id still tells attempts apart.
-                let t = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_nanos() as u64;
-                b = t.to_be_bytes();
-            }
-            if b != [0; 8] {
-                return SpanId(b);
+            let n = STATE.with(|s| {
+                let x = s.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+                s.set(x);
+                let mut z = x;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^ (z >> 31)
+            });
+            if n != 0 {
+                return SpanId(n.to_be_bytes());
             }
         }
     }
+}
+
+/// A per-thread seed from the OS, or from the time and the thread when
+/// the OS has no randomness to give.
+fn seed() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_ok() {
+        return u64::from_ne_bytes(b);
+    }
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    std::thread::current().id().hash(&mut h);
+    std::time::SystemTime::now().hash(&mut h);
+    h.finish()
 }
 
 /// A parsed `traceparent` (version 00), with the `tracestate` that came

@@ -173,7 +173,10 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
         return out;
     }
     if opts.trace_pair {
-        let pairs = per_run(sheet, &[super::S1_TRACED, super::S1], |v| v[0] / v[1]);
+        let rate = |label: &str| format!("{label}: events/s end to end");
+        let pairs = per_run(sheet, &[&rate(super::S1_TRACED), &rate(super::S1)], |v| {
+            v[0] / v[1]
+        });
         line(
             &mut out,
             super::verdict::goal_line(
