@@ -107,7 +107,7 @@ impl App {
         let admin_state = AdminState {
             store: store.clone(),
             metrics: metrics.clone(),
-            health,
+            health: health.clone(),
             token: settings
                 .admin
                 .token
@@ -151,6 +151,7 @@ impl App {
         );
         let gauges = tokio::spawn(refresh_gauges(
             background,
+            health.clone(),
             metrics.clone(),
             settings.metrics.refresh_interval,
             shutdown.clone(),
@@ -321,10 +322,18 @@ fn serve(
     })
 }
 
+/// How often the gauges' loop looks whether this replica became (or
+/// stopped being) the one that reads them.
+const REPORTER_CHECK: Duration = Duration::from_millis(250);
+
 /// Reads the table's counts for the gauges: now, then every `interval`;
-/// first says when the table lacks the index that keeps this cheap.
+/// first says when the table lacks the index that keeps this cheap. Only
+/// the replica holding partition 0 reads them (counting a backlog of
+/// pending rows costs the database as much as the rows, once per replica
+/// otherwise); the others report zeros and ping the database.
 async fn refresh_gauges(
     store: Store,
+    health: Arc<ConsumerHealth>,
     metrics: Metrics,
     interval: std::time::Duration,
     shutdown: CancellationToken,
@@ -335,17 +344,43 @@ async fn refresh_gauges(
         Ok(Some(create)) => warn!(
             table = store.table(),
             "the outbox table has no index whose first column is status: every gauge refresh \
-             (metrics.refresh_interval, on every replica) scans the whole table; create one: {create}"
+             (metrics.refresh_interval, by the replica holding partition 0) scans the whole table; create one: {create}"
         ),
         Ok(None) => {}
         Err(e) => debug!(error = %e, "cannot read the outbox table's indexes"),
     }
     let mut tick = tokio::time::interval(interval);
+    let mut reporting = false;
     loop {
+        // A replica that starts or stops reading the gauges does so at
+        // once, not an interval later.
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+            _ = tokio::time::sleep(REPORTER_CHECK) => {
+                if health.table_reporter.load(Ordering::Relaxed) == reporting {
+                    continue;
+                }
+            }
         }
+        reporting = health.table_reporter.load(Ordering::Relaxed);
+        if !reporting {
+            metrics.table_gauges_reporter.set(0);
+            let none = crate::store::TableStats {
+                estimated_rows: Some(0),
+                ..Default::default()
+            };
+            metrics.set_table_stats(&none, crate::store::now());
+            match store.ping().await {
+                Ok(()) => metrics.database_up.set(1),
+                Err(e) => {
+                    metrics.database_up.set(0);
+                    warn!(error = %e, "cannot reach the database");
+                }
+            }
+            continue;
+        }
+        metrics.table_gauges_reporter.set(1);
         match store.stats().await {
             Ok(stats) => {
                 metrics.set_table_stats(&stats, crate::store::now());

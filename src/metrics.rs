@@ -147,9 +147,14 @@ macro_rules! families {
 
 families! {
     events_failed: IntGauge = "outbox_events_failed",
-        "Rows in the outbox table with status failed";
+        "Rows in the outbox table with status failed (read by the replica holding \
+         partition 0; 0 on the others: aggregate with max)";
     events_pending: IntGauge = "outbox_events_pending",
-        "Rows in the outbox table with status pending";
+        "Rows in the outbox table with status pending (read by the replica holding \
+         partition 0; 0 on the others: aggregate with max)";
+    table_gauges_reporter: IntGauge = "outbox_table_gauges_reporter",
+        "1 on the replica that reads the table gauges for the group (it holds the topic's \
+         partition 0), 0 on the others";
     oldest_pending_age: Gauge = "outbox_oldest_pending_age_seconds",
         "Age of the oldest pending row (by created_at), 0 when none";
     /// The table's size as the database estimates it (no exact count of
@@ -238,7 +243,8 @@ families! {
         "Dead-letter sends under way (each keeps its record in memory until delivered or \
          given up); fetching holds at 1,000";
     database_up: IntGauge = "outbox_database_up",
-        "1 when the last read of the table gauges reached the database";
+        "1 when the last read of the table gauges (or, on a replica that does not read \
+         them, a ping) reached the database";
     /// 1 while a dispatcher is paused (group-wide, from the pause table).
     dispatcher_paused: IntGaugeVec = "outbox_dispatcher_paused",
         "1 while the dispatcher is paused (outbox-sidecar dispatchers pause): its events stay pending",

@@ -66,6 +66,10 @@ pub struct ConsumerHealth {
     pub joined: AtomicBool,
     /// Set when shutdown begins: no longer ready, still alive.
     pub draining: AtomicBool,
+    /// The member holds the topic's partition 0: it reads the table
+    /// gauges for the group (one replica, not every one, counts the
+    /// pending and failed rows).
+    pub table_reporter: AtomicBool,
     /// When the consumer loop last turned (`None`: not started yet).
     last_beat: Mutex<Option<Instant>>,
 }
@@ -306,6 +310,9 @@ impl Pipeline {
             }
         }
         self.set_shares(sched);
+        self.health
+            .table_reporter
+            .store(sched.partitions().contains(&0), Ordering::Relaxed);
     }
 
     /// Each rate-limited dispatcher takes this replica's share of the
@@ -522,6 +529,7 @@ impl Pipeline {
         client::commit(&self.consumer, sched.commits());
         self.consumer.unsubscribe();
         self.health.joined.store(false, Ordering::Relaxed);
+        self.health.table_reporter.store(false, Ordering::Relaxed);
     }
 }
 
