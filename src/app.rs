@@ -149,6 +149,14 @@ impl App {
             limits,
             server_shutdown.clone(),
         );
+        if settings.ordering.enabled() {
+            tokio::spawn(sweep_stranded(
+                background.clone(),
+                health.clone(),
+                settings.ordering.stranded_after,
+                shutdown.clone(),
+            ));
+        }
         let gauges = tokio::spawn(refresh_gauges(
             background,
             health.clone(),
@@ -326,6 +334,38 @@ fn serve(
 /// stopped being) the one that reads them.
 const REPORTER_CHECK: Duration = Duration::from_millis(250);
 
+/// `[ordering]`: the replica holding partition 0 announces again, every
+/// half `stranded_after`, the pending events nothing earlier of their
+/// aggregate holds that have not changed for `stranded_after`: an event
+/// parked behind one whose announcement after it was lost (the replica
+/// killed between the two) is not stranded.
+async fn sweep_stranded(
+    store: Store,
+    health: Arc<ConsumerHealth>,
+    stranded_after: std::time::Duration,
+    shutdown: CancellationToken,
+) {
+    let every = (stranded_after / 2).max(std::time::Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        if !health.table_reporter.load(Ordering::Relaxed) {
+            continue;
+        }
+        match store.announce_stranded(stranded_after, 1_000).await {
+            Ok(0) => {}
+            Ok(n) => info!(
+                events = n,
+                "announced again pending events nothing earlier of their aggregate holds \
+                 (unchanged for ordering.stranded_after)"
+            ),
+            Err(e) => warn!(error = %e, "cannot look for stranded ordered events"),
+        }
+    }
+}
+
 /// Reads the table's counts for the gauges: now, then every `interval`;
 /// first says when the table lacks the index that keeps this cheap. Only
 /// the replica holding partition 0 reads them (counting a backlog of
@@ -345,6 +385,15 @@ async fn refresh_gauges(
             table = store.table(),
             "the outbox table has no index whose first column is status: every gauge refresh \
              (metrics.refresh_interval, by the replica holding partition 0) scans the whole table; create one: {create}"
+        ),
+        Ok(None) => {}
+        Err(e) => debug!(error = %e, "cannot read the outbox table's indexes"),
+    }
+    match store.ordering_index_advice().await {
+        Ok(Some(create)) => warn!(
+            table = store.table(),
+            "the outbox table has no index whose first column is the [ordering] column: every \
+             event read looks up its aggregate's earlier and later events with a scan; create one: {create}"
         ),
         Ok(None) => {}
         Err(e) => debug!(error = %e, "cannot read the outbox table's indexes"),
@@ -371,6 +420,8 @@ async fn refresh_gauges(
                 ..Default::default()
             };
             metrics.set_table_stats(&none, crate::store::now());
+            metrics.ordering_held_aggregates.set(0);
+            metrics.ordering_held_events.set(0);
             match store.ping().await {
                 Ok(()) => metrics.database_up.set(1),
                 Err(e) => {
@@ -385,6 +436,14 @@ async fn refresh_gauges(
             Ok(stats) => {
                 metrics.set_table_stats(&stats, crate::store::now());
                 metrics.database_up.set(1);
+                match store.held_counts().await {
+                    Ok(Some((aggregates, events))) => {
+                        metrics.ordering_held_aggregates.set(aggregates);
+                        metrics.ordering_held_events.set(events);
+                    }
+                    Ok(None) => {}
+                    Err(e) => warn!(error = %e, "cannot count the events ordering holds"),
+                }
             }
             Err(e) => {
                 metrics.database_up.set(0);

@@ -67,6 +67,10 @@ pub enum EventsCommand {
         /// The next page: events with an id below this one (newest first).
         #[arg(long)]
         before: Option<i64>,
+        /// Only pending events held behind a failed earlier event of their
+        /// aggregate ([ordering], on_failed = "hold").
+        #[arg(long)]
+        held: bool,
     },
     /// Resend failed events: back to pending with 0 attempts.
     Retry {
@@ -223,12 +227,18 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
             event_name,
             limit,
             before,
+            held,
         } => {
+            if held && store.ordering().is_none() {
+                eprintln!("error: --held: ordering is off ([ordering] column is not set)");
+                return EXIT_USAGE;
+            }
             let filter = ListFilter {
                 status,
                 event_name,
                 limit: Some(limit),
                 before,
+                held,
                 ..ListFilter::default()
             };
             match store.list(&filter).await {
@@ -452,9 +462,33 @@ async fn show(store: &Store, id: i64) -> i32 {
         Ok(h) => h,
         Err(e) => return fail(&e),
     };
+    let behind = match store.waits_behind(id).await {
+        Ok(b) => b,
+        Err(e) => return fail(&e),
+    };
+    let mut text = render_event(&row, &history, store.history_table().is_some());
+    if let Some(line) = behind.map(|(b, status)| waits_behind_line(b, status)) {
+        // Right under the status it explains.
+        let at = text.find("  attempts").unwrap_or(text.len());
+        text.insert_str(at, &format!("  {line}\n"));
+    }
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(render_event(&row, &history, store.history_table().is_some()).as_bytes());
+    let _ = out.write_all(text.as_bytes());
     EXIT_OK
+}
+
+/// What `events show` and the console say of a pending event its
+/// aggregate's earlier event holds back (`[ordering]`).
+pub fn waits_behind_line(behind: i64, status: Status) -> String {
+    match status {
+        Status::Failed => format!(
+            "held behind event {behind} (failed): sent once event {behind} is resent and sent \
+             (outbox-sidecar events retry {behind})"
+        ),
+        _ => format!(
+            "waiting behind event {behind} ({status}): its aggregate's earlier event goes first"
+        ),
+    }
 }
 
 /// The text of `events show`.

@@ -212,6 +212,21 @@ families! {
     history_writes_failed_total: IntCounter = "outbox_history_writes_failed_total",
         "Attempt-log rows the database refused (table renamed or dropped, a privilege \
          revoked, no partition); their status was written without them";
+    ordering_held_aggregates: IntGauge = "outbox_ordering_held_aggregates",
+        "Aggregates with a failed event and later pending ones it holds back ([ordering], \
+         on_failed = hold; read by the replica holding partition 0, 0 on the others)";
+    ordering_held_events: IntGauge = "outbox_ordering_held_events",
+        "Pending events held behind a failed earlier event of their aggregate ([ordering], \
+         on_failed = hold; read by the replica holding partition 0, 0 on the others)";
+    ordering_parked_total: IntCounter = "outbox_ordering_parked_total",
+        "Events left pending (message committed, no attempt used) because an earlier event \
+         of their aggregate was pending or failed; announced again when it is sent";
+    ordering_unkeyed_total: IntCounter = "outbox_ordering_unkeyed_total",
+        "Change events whose Kafka key does not carry the [ordering] column: the connector's \
+         message.key.columns does not key the topic by the aggregate";
+    ordering_announce_failures_total: IntCounter = "outbox_ordering_announce_failures_total",
+        "Announcements of an aggregate's next pending event (after the one before it was \
+         sent) that failed try after try: it waits for events retrigger";
     trace_context_invalid_total: IntCounter = "outbox_trace_context_invalid_total",
         "Events whose [tracing] column held a value that is not a W3C traceparent: \
          sent in a new trace";

@@ -107,6 +107,7 @@ mod tests {
             updated_at: t,
             traceparent: None,
             tracestate: None,
+            sequence: None,
         }
     }
 

@@ -6,7 +6,7 @@
 
 pub mod outbox_event;
 
-pub use outbox_event::{Entity as OutboxEvent, Model as OutboxEventRow, Payload, Status};
+pub use outbox_event::{Entity as OutboxEvent, Model as OutboxEventRow, Payload, Sequence, Status};
 
 /// The table name the Rails application (and the sidecar by default) uses.
 pub const DEFAULT_TABLE: &str = "outbox_events";

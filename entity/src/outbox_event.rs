@@ -30,6 +30,24 @@ pub struct Model {
     #[sea_orm(ignore)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracestate: Option<String>,
+    /// Where the row stands among its aggregate's events (`[ordering]`),
+    /// read with the row for dispatch only when ordering is on.
+    #[sea_orm(ignore)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<Sequence>,
+}
+
+/// A row's place among its aggregate's events (`[ordering] column`), as
+/// read with the row.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sequence {
+    /// The aggregate column's value as text; `None`: the row has none (not ordered).
+    pub aggregate: Option<String>,
+    /// The newest earlier event of the aggregate that holds this one back
+    /// (`pending`, or `failed` under `on_failed = "hold"`).
+    pub behind: Option<i64>,
+    /// The aggregate's oldest later event still `pending`.
+    pub next_pending: Option<i64>,
 }
 
 /// The payload column as text, exactly as the database returns it: the

@@ -520,3 +520,74 @@ fn describe(value: &Scalar<'_>) -> String {
         other => other.kind().to_owned(),
     }
 }
+
+/// What a change event's key says of the row's aggregate (`[ordering]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyAggregate {
+    /// The aggregate column's value, as text (a number as written).
+    Value(String),
+    /// The key carries the column, as null: the row has no aggregate.
+    Null,
+    /// No key, a key that is not JSON, or one without the column: the
+    /// connector does not key the topic by it (`message.key.columns`).
+    Missing,
+}
+
+/// Reads `column` from a change event's key: `{"col": v}`, or inside the
+/// JsonConverter's `{"schema": …, "payload": {"col": v}}` wrapper.
+pub fn key_aggregate(key: Option<&[u8]>, column: &str) -> KeyAggregate {
+    let Some(key) = key else {
+        return KeyAggregate::Missing;
+    };
+    let Ok(serde_json::Value::Object(mut doc)) = serde_json::from_slice::<serde_json::Value>(key)
+    else {
+        return KeyAggregate::Missing;
+    };
+    let value = match doc.remove(column) {
+        Some(v) => v,
+        None => match doc.remove("payload") {
+            Some(serde_json::Value::Object(mut inner)) => match inner.remove(column) {
+                Some(v) => v,
+                None => return KeyAggregate::Missing,
+            },
+            _ => return KeyAggregate::Missing,
+        },
+    };
+    match value {
+        serde_json::Value::Null => KeyAggregate::Null,
+        serde_json::Value::String(s) => KeyAggregate::Value(s),
+        other => KeyAggregate::Value(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod key_aggregate_tests {
+    use super::{key_aggregate, KeyAggregate};
+
+    #[test]
+    fn reads_the_column_from_plain_and_wrapped_keys() {
+        let col = "aggregate_key";
+        assert_eq!(
+            key_aggregate(Some(br#"{"aggregate_key":"acct-1"}"#), col),
+            KeyAggregate::Value("acct-1".into())
+        );
+        assert_eq!(
+            key_aggregate(
+                Some(br#"{"schema":{"type":"struct"},"payload":{"aggregate_key":42}}"#),
+                col
+            ),
+            KeyAggregate::Value("42".into())
+        );
+        assert_eq!(
+            key_aggregate(Some(br#"{"aggregate_key":null}"#), col),
+            KeyAggregate::Null
+        );
+        assert_eq!(
+            key_aggregate(Some(br#"{"id":7}"#), col),
+            KeyAggregate::Missing
+        );
+        assert_eq!(key_aggregate(Some(b"7"), col), KeyAggregate::Missing);
+        assert_eq!(key_aggregate(None, col), KeyAggregate::Missing);
+        assert_eq!(key_aggregate(Some(b"not json"), col), KeyAggregate::Missing);
+    }
+}

@@ -20,6 +20,7 @@ pub mod dispatchers;
 mod files;
 pub mod history;
 pub mod kafka;
+pub mod ordering;
 mod secret;
 #[cfg(test)]
 mod tests;
@@ -39,6 +40,7 @@ pub use dispatch::DispatchSettings;
 pub use dispatchers::{BreakerSettings, DispatcherSettings, IdempotencyKey, TlsVersion};
 pub use history::HistorySettings;
 pub use kafka::{property_name, KafkaSettings};
+pub use ordering::{OnFailed, OrderingSettings};
 pub use secret::{DatabaseUrl, Secret, REDACTED};
 pub use trace::TracingSettings;
 pub use units::{byte_size, duration};
@@ -104,6 +106,8 @@ pub struct Settings {
     pub history: HistorySettings,
     #[serde(default)]
     pub tracing: TracingSettings,
+    #[serde(default)]
+    pub ordering: OrderingSettings,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -229,6 +233,7 @@ impl Settings {
         self.check_own_table_names()?;
         self.history.validate()?;
         self.tracing.validate()?;
+        self.ordering.validate()?;
         self.dispatch.validate()?;
         self.admin.validate()?;
         dispatchers::validate(&self.dispatchers)

@@ -567,6 +567,7 @@ impl EventsQuery {
             error_contains: non_empty(&self.error_contains),
             changed_since: time(&self.failed_since, "failed_since")?,
             changed_until: time(&self.failed_until, "failed_until")?,
+            held: false,
         })
     }
 

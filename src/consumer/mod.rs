@@ -45,7 +45,7 @@ use tokio::time::Instant as TokioInstant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cdc::{Decision, Decoder, Record, Skip};
+use crate::cdc::{Decision, Decoder, KeyAggregate, Record, Skip};
 use crate::config::{DispatchSettings, KafkaSettings};
 use crate::job::{self, JobContext, JobEnd};
 use crate::metrics::Metrics;
@@ -125,6 +125,11 @@ pub struct Pipeline {
     hand_offs_rx: mpsc::UnboundedReceiver<Held>,
     /// The topic's partitions, from the last assign's metadata (0: unknown).
     topic_partitions: AtomicUsize,
+    /// When an unkeyed change event was last logged (`[ordering]`).
+    unkeyed_logged: Mutex<Option<Instant>>,
+    /// `[ordering] on_failed = "hold"`: a failed event does not let its
+    /// aggregate's later events go.
+    hold_on_failed: bool,
 }
 
 impl Drop for Pipeline {
@@ -178,6 +183,7 @@ impl Pipeline {
         let consumer = client::subscribe(settings, tx, ctx.metrics.clone(), group.clone())?;
         let (hand_offs, hand_offs_rx) = mpsc::unbounded_channel();
         let dead_letter = client::dead_letter_producer(settings)?;
+        let hold_on_failed = ctx.store.ordering().is_some_and(|o| o.hold);
         Ok(Self {
             consumer,
             events: rx,
@@ -198,6 +204,8 @@ impl Pipeline {
             hand_offs,
             hand_offs_rx,
             topic_partitions: AtomicUsize::new(0),
+            unkeyed_logged: Mutex::new(None),
+            hold_on_failed,
         })
     }
 
@@ -235,6 +243,9 @@ impl Pipeline {
             for start in sched.take_starts(self.ctx.waiting(), self.ctx.throttled()) {
                 self.spawn_job(start, replies.done_tx.clone());
             }
+            for after in sched.take_announcements() {
+                self.spawn_announce(after);
+            }
             client::store_offsets(&self.consumer, sched.take_commits());
             if let Some(flow) = sched.flow(now) {
                 self.apply_flow(&mut sched, flow);
@@ -249,9 +260,9 @@ impl Pipeline {
                 Some(h) = hand_offs.recv() => self.give_up(h),
                 Some(done) = replies.done_rx.recv() => {
                     let now = TokioInstant::now();
-                    sched.job_ended(done.id, done.serial, &done.pos, done.end.finishes_message(), now);
+                    self.job_ended(&mut sched, done, now);
                     while let Ok(done) = replies.done_rx.try_recv() {
-                        sched.job_ended(done.id, done.serial, &done.pos, done.end.finishes_message(), now);
+                        self.job_ended(&mut sched, done, now);
                     }
                 }
                 Some((ticket, result)) = replies.read_rx.recv() => {
@@ -280,6 +291,16 @@ impl Pipeline {
         }
         drop(stream);
         self.drain(sched, replies.done_rx).await;
+    }
+
+    fn job_ended(&self, sched: &mut Scheduler, done: JobDone, now: TokioInstant) {
+        let unblocks = match done.end {
+            JobEnd::Sent => true,
+            JobEnd::Failed => !self.hold_on_failed,
+            _ => false,
+        };
+        let finished = done.end.finishes_message();
+        sched.job_ended_in(done.id, done.serial, &done.pos, finished, unblocks, now);
     }
 
     fn group_event(&self, sched: &mut Scheduler, ev: GroupEvent) {
@@ -370,7 +391,18 @@ impl Pipeline {
         let decision = self.decoder.decode(&record);
         self.metrics.cdc_message(decision.result_label());
         match decision {
-            Decision::Trigger(t) => sched.trigger(&t, pos),
+            Decision::Trigger(t) => match self.store.ordering() {
+                None => sched.trigger(&t, pos),
+                Some(o) => match crate::cdc::key_aggregate(m.key(), &o.column) {
+                    KeyAggregate::Value(a) => sched.trigger_in(&t, pos, Some(&a)),
+                    // The row has no aggregate: not ordered.
+                    KeyAggregate::Null => sched.trigger(&t, pos),
+                    KeyAggregate::Missing => {
+                        self.unkeyed(&o.column, &pos, t.id);
+                        sched.trigger(&t, pos);
+                    }
+                },
+            },
             Decision::Skip(skip) => {
                 self.metrics.cdc_skip(skip.reason());
                 debug!(
@@ -414,6 +446,72 @@ impl Pipeline {
                 }
             }
         }
+    }
+
+    /// A change event whose key does not carry the `[ordering]` column:
+    /// the connector does not key the topic by the aggregate, so its
+    /// events may sit on different partitions and cannot be lined up
+    /// here. The event is still decided (each row still waits for the
+    /// earlier events of its aggregate in the database, so nothing is sent
+    /// out of order), but loudly: counted, and an ERROR at most every 10 s.
+    fn unkeyed(&self, column: &str, pos: &Pos, id: i64) {
+        self.metrics.ordering_unkeyed_total.inc();
+        let mut last = self
+            .unkeyed_logged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
+            return;
+        }
+        *last = Some(Instant::now());
+        error!(
+            id,
+            partition = pos.partition,
+            offset = pos.offset,
+            column,
+            "change event key does not carry the [ordering] column: set the connector's \
+             message.key.columns to <schema>.<table>:{column} (deploy/debezium/postgres-connector-ordered.json); \
+             until then each aggregate's events can land on different partitions \
+             (outbox_ordering_unkeyed_total)"
+        );
+    }
+
+    /// Announces an aggregate's next pending event again, off the loop,
+    /// trying again with a back-off: an event parked behind `after` waits
+    /// for this (or an operator's `events retrigger`).
+    fn spawn_announce(&self, after: i64) {
+        let store = self.store.clone();
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            let mut wait = Duration::from_millis(200);
+            for attempt in 1..=6 {
+                match tokio::time::timeout(READ_DEADLINE, store.announce_next(after)).await {
+                    Ok(Ok(touched)) => {
+                        debug!(
+                            after,
+                            ?touched,
+                            "announced the aggregate's next pending event"
+                        );
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        warn!(after, attempt, error = %e, "cannot announce the aggregate's next pending event")
+                    }
+                    Err(_) => warn!(
+                        after,
+                        attempt, "announcing the aggregate's next pending event took too long"
+                    ),
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+            metrics.ordering_announce_failures_total.inc();
+            error!(
+                after,
+                "gave up announcing the next pending event of event {after}'s aggregate: \
+                 run outbox-sidecar events retrigger for its pending events"
+            );
+        });
     }
 
     /// Reads rows off the loop, within [`READ_DEADLINE`].
@@ -504,13 +602,7 @@ impl Pipeline {
         let held = wait_off_loop(closing).await;
         while sched.running() > 0 {
             match tokio::time::timeout_at(deadline, done_rx.recv()).await {
-                Ok(Some(done)) => sched.job_ended(
-                    done.id,
-                    done.serial,
-                    &done.pos,
-                    done.end.finishes_message(),
-                    TokioInstant::now(),
-                ),
+                Ok(Some(done)) => self.job_ended(&mut sched, done, TokioInstant::now()),
                 Ok(None) => break,
                 Err(_) => {
                     warn!(
@@ -520,6 +612,18 @@ impl Pipeline {
                     self.ctx.abort.cancel();
                     break;
                 }
+            }
+        }
+        // Events parked behind the ones sent while draining: announced now,
+        // not left for the stranded-event sweep.
+        for after in sched.take_announcements() {
+            let left = deadline.saturating_duration_since(TokioInstant::now());
+            match tokio::time::timeout(left, self.store.announce_next(after)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    warn!(after, error = %e, "cannot announce the aggregate's next pending event")
+                }
+                Err(_) => break,
             }
         }
         // Cooperative revokes still waiting end with the drain's wait.

@@ -32,6 +32,7 @@
 //! committed early.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::NaiveDateTime;
@@ -69,6 +70,11 @@ pub const HOLD_MAX: Duration = Duration::from_secs(5);
 /// Jobs waiting out `retry_delay` that may exist per in-flight slot: they
 /// hold no slot, so a row that failed does not hold back fresh ones.
 pub const WAITING_PER_SLOT: usize = 4;
+/// Triggers waiting in aggregates' lines (`[ordering]`) before fetching
+/// holds. They hold no payload (an id and a position each), so a line may
+/// grow long behind an aggregate whose head is retrying without holding
+/// back the partitions' other aggregates.
+pub const MAX_AGGREGATE_QUEUED: usize = 100_000;
 /// Dead-letter sends under way at most before fetching holds (each keeps
 /// its record in memory until the producer delivers or gives up, which a
 /// missing or slow topic makes minutes); their bytes are bounded to an
@@ -150,8 +156,13 @@ enum Work {
     Recheck,
     /// Read pending; in the ready queue.
     Ready,
-    /// A job runs: which one, and the payload bytes it holds.
-    Running { serial: u64, bytes: usize },
+    /// A job runs: which one, the payload bytes it holds, and its
+    /// aggregate's next pending event as read with the row (`[ordering]`).
+    Running {
+        serial: u64,
+        bytes: usize,
+        next: Option<i64>,
+    },
 }
 
 /// A job the driver must start.
@@ -250,6 +261,26 @@ pub struct Scheduler {
     /// Dead-letter sends under way, and their records' bytes.
     dead_letters: usize,
     dead_letter_bytes: usize,
+    /// Each aggregate with work here (`[ordering]`): the one id it has
+    /// work for, and the triggers of its later events, in arrival order.
+    aggregates: HashMap<Arc<str>, Line>,
+    /// The aggregate of each id that is its aggregate's active one.
+    aggregate_of: HashMap<i64, Arc<str>>,
+    /// Triggers waiting in the lines.
+    aggregate_queued: usize,
+    /// Ids whose aggregate's next pending event must be announced again
+    /// (the driver's to carry out).
+    announce: Vec<i64>,
+    /// Ids an event parked behind here: when they end, the aggregate's
+    /// next pending event is announced whatever was read with them.
+    woken_by: HashSet<i64>,
+}
+
+/// An aggregate's line: one event decided at a time, in arrival order.
+#[derive(Debug)]
+struct Line {
+    active: i64,
+    queue: VecDeque<(i64, Pos, Expect)>,
 }
 
 impl Scheduler {
@@ -278,6 +309,11 @@ impl Scheduler {
             progress_at: now,
             dead_letters: 0,
             dead_letter_bytes: 0,
+            aggregates: HashMap::new(),
+            aggregate_of: HashMap::new(),
+            aggregate_queued: 0,
+            announce: Vec::new(),
+            woken_by: HashSet::new(),
         }
     }
 
@@ -349,13 +385,23 @@ impl Scheduler {
             }
             keep
         });
-        for id in freed {
-            self.work.remove(&id);
+        for id in &freed {
+            self.work.remove(id);
         }
         self.deferred.retain(|_, list| {
             list.retain(|(pos, _)| !gone(pos));
             !list.is_empty()
         });
+        let mut dropped = 0;
+        for line in self.aggregates.values_mut() {
+            let before = line.queue.len();
+            line.queue.retain(|(_, pos, _)| !gone(pos));
+            dropped += before - line.queue.len();
+        }
+        self.aggregate_queued -= dropped;
+        for id in freed {
+            self.next_of_aggregate(id);
+        }
     }
 
     /// Stamps a message collected from `partition` with its assignment's
@@ -391,6 +437,93 @@ impl Scheduler {
     /// A change event announcing a pending row.
     pub fn trigger(&mut self, trigger: &Trigger, pos: Pos) {
         self.admit(trigger.id, pos, Expect::from(trigger));
+    }
+
+    /// A change event announcing a pending row of `aggregate`
+    /// (`[ordering]`): its aggregate decides one event at a time, in the
+    /// order they arrive (Debezium's commit order on the aggregate's
+    /// partition); the others wait in the aggregate's line, holding no
+    /// payload and no read. Other aggregates go on as ever.
+    pub fn trigger_in(&mut self, trigger: &Trigger, pos: Pos, aggregate: Option<&str>) {
+        let Some(aggregate) = aggregate else {
+            return self.trigger(trigger, pos);
+        };
+        if !self.current(&pos) {
+            return;
+        }
+        let id = trigger.id;
+        let expect = Expect::from(trigger);
+        if let Some(line) = self.aggregates.get_mut(aggregate) {
+            if line.active != id {
+                line.queue.push_back((id, pos, expect));
+                self.aggregate_queued += 1;
+                return;
+            }
+        } else if !self.work.contains_key(&id) {
+            let key: Arc<str> = Arc::from(aggregate);
+            self.aggregates.insert(
+                key.clone(),
+                Line {
+                    active: id,
+                    queue: VecDeque::new(),
+                },
+            );
+            self.aggregate_of.insert(id, key);
+        }
+        self.admit(id, pos, expect);
+    }
+
+    /// `id` has no work here any more: if it was its aggregate's active
+    /// event, the next one in the line is decided.
+    fn next_of_aggregate(&mut self, id: i64) {
+        if self.work.contains_key(&id) {
+            return;
+        }
+        let Some(key) = self.aggregate_of.remove(&id) else {
+            return;
+        };
+        loop {
+            let Some(line) = self.aggregates.get_mut(&key) else {
+                return;
+            };
+            let Some((next, pos, expect)) = line.queue.pop_front() else {
+                self.aggregates.remove(&key);
+                return;
+            };
+            self.aggregate_queued -= 1;
+            if !self.current(&pos) {
+                continue;
+            }
+            if let Some(line) = self.aggregates.get_mut(&key) {
+                line.active = next;
+            }
+            self.aggregate_of.insert(next, key.clone());
+            self.admit(next, pos, expect);
+            if self.work.contains_key(&next) {
+                return;
+            }
+            self.aggregate_of.remove(&next);
+        }
+    }
+
+    /// Whether `id`'s aggregate has `next` first in its line here.
+    fn next_in_line(&self, id: i64, next: i64) -> bool {
+        self.aggregate_of
+            .get(&id)
+            .and_then(|key| self.aggregates.get(key))
+            .and_then(|line| line.queue.front())
+            .is_some_and(|(first, _, _)| *first == next)
+    }
+
+    /// Ids whose aggregate's next pending event the driver must announce
+    /// again (touch), so an event parked behind them is decided.
+    pub fn take_announcements(&mut self) -> Vec<i64> {
+        std::mem::take(&mut self.announce)
+    }
+
+    /// Triggers waiting in aggregates' lines.
+    pub fn aggregate_queued(&self) -> usize {
+        self.aggregate_queued
     }
 
     fn admit(&mut self, id: i64, pos: Pos, expect: Expect) {
@@ -582,6 +715,32 @@ impl Scheduler {
             );
         }
         let reason = match read {
+            Some(RowRead::Row(row))
+                if row.status == Status::Pending
+                    && row.sequence.as_ref().is_some_and(|s| s.behind.is_some()) =>
+            {
+                // `[ordering]`: an earlier event of its aggregate is not
+                // sent yet. Parked: no attempt used, the row stays pending,
+                // its message is finished; it is announced again when the
+                // one before it is sent.
+                let behind = row.sequence.as_ref().and_then(|s| s.behind);
+                self.metrics.ordering_parked_total.inc();
+                debug!(
+                    id = w.id,
+                    behind, "an earlier event of its aggregate is not sent yet: left pending"
+                );
+                if let Some(b) = behind {
+                    if self.woken_by.len() >= MAX_AGGREGATE_QUEUED {
+                        // Ids that never ran here (a failed event never
+                        // resent): forgetting them costs only a touch.
+                        self.woken_by.clear();
+                    }
+                    self.woken_by.insert(b);
+                }
+                self.finish(&w.pos);
+                self.free(w.id);
+                return;
+            }
             Some(RowRead::Row(row)) if row.status == Status::Pending => {
                 let bytes = payload_bytes(&row.payload);
                 self.work.insert(w.id, Work::Ready);
@@ -629,6 +788,11 @@ impl Scheduler {
     /// as new as it satisfies them all). The older ones are finished now;
     /// the newest waits, if it must, for its version to be visible.
     fn free(&mut self, id: i64) {
+        self.free_id(id);
+        self.next_of_aggregate(id);
+    }
+
+    fn free_id(&mut self, id: i64) {
         self.work.remove(&id);
         self.deleted_while_reading.remove(&id);
         let Some(list) = self.deferred.remove(&id) else {
@@ -678,7 +842,15 @@ impl Scheduler {
             self.next_serial += 1;
             self.running += 1;
             self.running_bytes += bytes;
-            self.work.insert(row.id, Work::Running { serial, bytes });
+            let next = row.sequence.as_ref().and_then(|s| s.next_pending);
+            self.work.insert(
+                row.id,
+                Work::Running {
+                    serial,
+                    bytes,
+                    next,
+                },
+            );
             out.push(Start { row, pos, serial });
         }
         out
@@ -687,14 +859,45 @@ impl Scheduler {
     /// Job `serial` for `id` ended; `finished`: its message's work is done
     /// (sent, failed, conflict), else it must be replayed by the next owner.
     pub fn job_ended(&mut self, id: i64, serial: u64, pos: &Pos, finished: bool, now: Instant) {
+        self.job_ended_in(id, serial, pos, finished, false, now);
+    }
+
+    /// As [`Self::job_ended`]; `unblocks`: the event ended as lets its
+    /// aggregate's later events go (`sent`; `failed` under `on_failed =
+    /// "skip"`). Its aggregate's next pending event is then announced
+    /// again unless it is next in line here: it may have been parked.
+    pub fn job_ended_in(
+        &mut self,
+        id: i64,
+        serial: u64,
+        pos: &Pos,
+        finished: bool,
+        unblocks: bool,
+        now: Instant,
+    ) {
         self.progress_at = now;
         self.running = self.running.saturating_sub(1);
         if finished {
             self.finish(pos);
         }
-        if let Some(&Work::Running { serial: s, bytes }) = self.work.get(&id) {
+        if let Some(&Work::Running {
+            serial: s,
+            bytes,
+            next,
+        }) = self.work.get(&id)
+        {
             if s == serial {
                 self.running_bytes -= bytes;
+                let woke = self.woken_by.remove(&id);
+                if unblocks {
+                    let announce = match next {
+                        Some(next) => !self.next_in_line(id, next),
+                        None => woke,
+                    };
+                    if announce {
+                        self.announce.push(id);
+                    }
+                }
                 self.free(id);
             }
         }
@@ -748,6 +951,7 @@ impl Scheduler {
     fn over(&self) -> bool {
         self.held() >= high_mark(self.limits.max_in_flight)
             || self.ready_bytes >= self.limits.max_buffered_bytes / 2
+            || self.aggregate_queued >= MAX_AGGREGATE_QUEUED
             || self.dead_letters >= MAX_DEAD_LETTERS
             || self.dead_letter_bytes >= self.limits.max_buffered_bytes / 8
     }
@@ -835,6 +1039,9 @@ impl Scheduler {
         self.rechecks.clear();
         self.deleted_while_reading.clear();
         self.deferred.clear();
+        self.aggregates.clear();
+        self.aggregate_of.clear();
+        self.aggregate_queued = 0;
         self.work.retain(|_, w| matches!(w, Work::Running { .. }));
     }
 

@@ -24,6 +24,7 @@ fn row(id: i64, status: Status, attempts: i32, updated_ms: i64) -> OutboxEventRo
         updated_at: ts(updated_ms),
         traceparent: None,
         tracestate: None,
+        sequence: None,
     }
 }
 
@@ -622,4 +623,190 @@ fn dead_letter_bytes_are_bounded_within_max_buffered_bytes() {
     assert!(h.s.holding(), "one MiB is an eighth of 8 MiB");
     h.s.dead_letter_ended(&pos, 1 << 20, h.now);
     assert!(!h.s.holding());
+}
+
+// ---- `[ordering]`: one aggregate's events one at a time ----
+
+fn in_line(id: i64, behind: Option<i64>, next: Option<i64>) -> RowRead {
+    let mut r = row(id, Status::Pending, 0, 0);
+    r.sequence = Some(entity::Sequence {
+        aggregate: Some("a".into()),
+        behind,
+        next_pending: next,
+    });
+    RowRead::Row(r)
+}
+
+impl Harness {
+    /// Collects a trigger for `id` of `aggregate` at `offset` of partition `p`.
+    fn ordered(&mut self, p: i32, offset: i64, t: &Trigger, aggregate: &str) -> Pos {
+        let pos = self.s.begin(p, offset).expect("assigned");
+        self.s.trigger_in(t, pos, Some(aggregate));
+        pos
+    }
+
+    fn reads_due(&mut self) -> Vec<Read> {
+        self.s.take_reads(self.now)
+    }
+}
+
+#[test]
+fn an_aggregate_decides_one_event_at_a_time_and_a_retry_does_not_let_the_next_start() {
+    let mut h = Harness::new(8);
+    let p1 = h.ordered(0, 0, &trig(1, 0, 0), "a");
+    let p2 = h.ordered(0, 1, &trig(2, 0, 0), "a");
+    let p9 = h.ordered(0, 2, &trig(9, 0, 0), "b");
+    let reads = h.reads_due();
+    let ids: Vec<i64> = reads.iter().flat_map(|r| r.ids.clone()).collect();
+    assert_eq!(ids, vec![1, 9], "event 2 waits in a's line; b goes on");
+    assert_eq!(h.s.aggregate_queued(), 1);
+    for r in reads {
+        let rows = r.ids.iter().map(|&id| in_line(id, None, None)).collect();
+        h.s.rows_read(r.ticket, Ok(rows), h.now);
+    }
+    let starts = h.s.take_starts(0, 0);
+    assert_eq!(
+        starts.iter().map(|s| s.row.id).collect::<Vec<_>>(),
+        vec![1, 9]
+    );
+    // Event 1's attempt fails and it waits out retry_delay inside its job:
+    // its change event (attempts 1) is deferred, and 2 still waits.
+    let echo = h.ordered(0, 3, &trig(1, 1, 100), "a");
+    h.advance(Duration::from_secs(5));
+    assert!(
+        h.reads_due().is_empty(),
+        "nothing of a is read while 1 runs"
+    );
+    h.s.job_ended_in(9, starts[1].serial, &p9, true, true, h.now);
+    assert!(h.reads_due().is_empty());
+    // 1 is sent: its echo is decided first (same id), then 2.
+    h.s.job_ended_in(1, starts[0].serial, &p1, true, true, h.now);
+    let r = h.reads_due();
+    assert_eq!(r[0].ids, vec![1], "the echo of 1, decided again");
+    let mut sent = row(1, Status::Sent, 2, 200);
+    sent.sequence = Some(entity::Sequence::default());
+    h.s.rows_read(r[0].ticket, Ok(vec![RowRead::Row(sent)]), h.now);
+    h.s.finish(&echo);
+    let r = h.reads_due();
+    assert_eq!(r[0].ids, vec![2], "now event 2");
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(2, None, None)]), h.now);
+    let starts = h.s.take_starts(0, 0);
+    assert_eq!(starts[0].row.id, 2);
+    h.s.job_ended_in(2, starts[0].serial, &p2, true, true, h.now);
+    assert_eq!(h.s.aggregate_queued(), 0);
+    assert!(h.s.busy_ids().is_empty());
+    assert_eq!(h.commit(0), Some(4));
+    assert!(h.s.take_announcements().is_empty(), "nothing was parked");
+}
+
+#[test]
+fn an_event_behind_a_failed_one_is_parked_and_its_message_finished() {
+    let mut h = Harness::new(8);
+    let p1 = h.ordered(0, 0, &trig(1, 0, 0), "a");
+    h.ordered(0, 1, &trig(2, 0, 0), "a");
+    h.ordered(0, 2, &trig(3, 0, 0), "a");
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None, Some(2))]), h.now);
+    let start = h.s.take_starts(0, 0).remove(0);
+    // 1 ends failed under "hold": it does not let 2 and 3 go.
+    h.s.job_ended_in(1, start.serial, &p1, true, false, h.now);
+    assert!(h.s.take_announcements().is_empty());
+    for id in [2, 3] {
+        let r = h.reads_due();
+        assert_eq!(r[0].ids, vec![id]);
+        h.s.rows_read(r[0].ticket, Ok(vec![in_line(id, Some(1), None)]), h.now);
+        assert!(
+            h.s.take_starts(0, 0).is_empty(),
+            "{id} is held, not started"
+        );
+    }
+    assert_eq!(h.metrics.ordering_parked_total.get(), 2);
+    assert_eq!(
+        h.commit(0),
+        Some(3),
+        "held events do not hold the partition's commits"
+    );
+    assert!(h.s.busy_ids().is_empty(), "nor memory");
+}
+
+#[test]
+fn a_resent_head_that_is_sent_announces_the_events_parked_behind_it() {
+    let mut h = Harness::new(8);
+    // 2 and 3 were parked behind 1 (failed); 1 is resent: its change event
+    // arrives, it is read with its next pending event (2, not in line
+    // here), sent, and 2 must be announced again.
+    let p1 = h.ordered(0, 0, &trig(1, 0, 0), "a");
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None, Some(2))]), h.now);
+    let start = h.s.take_starts(0, 0).remove(0);
+    h.s.job_ended_in(1, start.serial, &p1, true, true, h.now);
+    assert_eq!(h.s.take_announcements(), vec![1]);
+    // With 2 next in line here, no announcement is needed.
+    let p4 = h.ordered(0, 1, &trig(4, 0, 0), "c");
+    h.ordered(0, 2, &trig(5, 0, 0), "c");
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(4, None, Some(5))]), h.now);
+    let start = h.s.take_starts(0, 0).remove(0);
+    h.s.job_ended_in(4, start.serial, &p4, true, true, h.now);
+    assert!(h.s.take_announcements().is_empty());
+}
+
+#[test]
+fn an_event_parked_behind_a_running_one_is_announced_when_that_one_is_sent() {
+    let mut h = Harness::new(8);
+    // Unkeyed (no line here): 7 runs, 8 is read meanwhile and waits
+    // behind 7 in the database; 7 was read before 8 existed.
+    let p7 = h.message(0, &trig(7, 0, 0));
+    h.answer(vec![in_line(7, None, None)]);
+    let start = h.s.take_starts(0, 0).remove(0);
+    h.message(1, &trig(8, 0, 0));
+    h.answer(vec![in_line(8, Some(7), None)]);
+    h.s.job_ended_in(7, start.serial, &p7, true, true, h.now);
+    assert_eq!(h.s.take_announcements(), vec![7]);
+}
+
+#[test]
+fn a_revoke_mid_aggregate_drops_its_line_and_the_next_owner_replays_it() {
+    let mut h = Harness::new(8);
+    let p1 = h.ordered(1, 0, &trig(1, 0, 0), "a");
+    h.ordered(1, 1, &trig(2, 0, 0), "a");
+    h.ordered(0, 0, &trig(9, 0, 0), "b");
+    h.ordered(0, 1, &trig(10, 0, 0), "b");
+    let r = h.reads_due();
+    for r in r {
+        let rows = r.ids.iter().map(|&id| in_line(id, None, None)).collect();
+        h.s.rows_read(r.ticket, Ok(rows), h.now);
+    }
+    let starts = h.s.take_starts(0, 0);
+    let s1 = starts.iter().find(|s| s.row.id == 1).unwrap().serial;
+    h.s.revoke(&[1]);
+    assert_eq!(h.s.aggregate_queued(), 1, "a's line is gone, b's stays");
+    // The revoked partition's job ends cancelled: nothing of a starts.
+    h.s.job_ended_in(1, s1, &p1, false, false, h.now);
+    assert!(h.reads_due().is_empty());
+    assert!(!h.s.busy_ids().contains(&2));
+    assert_eq!(h.commit(1), None, "nothing of partition 1 committed here");
+    // Reassigned: the replay lines a up again from event 1.
+    h.s.assign(&[1]);
+    h.ordered(1, 0, &trig(1, 0, 0), "a");
+    h.ordered(1, 1, &trig(2, 0, 0), "a");
+    let ids: Vec<i64> = h.reads_due().iter().flat_map(|r| r.ids.clone()).collect();
+    assert_eq!(ids, vec![1]);
+}
+
+#[test]
+fn an_echo_of_a_later_event_waits_in_line_behind_the_head() {
+    let mut h = Harness::new(8);
+    let p1 = h.ordered(0, 0, &trig(1, 0, 0), "a");
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None, Some(2))]), h.now);
+    let start = h.s.take_starts(0, 0).remove(0);
+    // 2's change event (and a second one for it) arrive while 1 is undecided.
+    h.ordered(0, 1, &trig(2, 0, 0), "a");
+    h.ordered(0, 2, &trig(2, 0, 10), "a");
+    assert!(h.reads_due().is_empty());
+    h.s.job_ended_in(1, start.serial, &p1, true, true, h.now);
+    assert!(h.s.take_announcements().is_empty(), "2 is next in line");
+    let r = h.reads_due();
+    assert_eq!(r[0].ids, vec![2]);
 }

@@ -162,7 +162,17 @@ impl Store {
             column: column.clone(),
             state_column: tracing.state_column.clone(),
         });
-        Ok(store.with_tracing(columns, tracing.enabled()))
+        let ordering = settings
+            .ordering
+            .column
+            .as_ref()
+            .map(|column| super::OrderingColumns {
+                column: column.clone(),
+                hold: settings.ordering.on_failed == crate::config::OnFailed::Hold,
+            });
+        Ok(store
+            .with_tracing(columns, tracing.enabled())
+            .with_ordering(ordering))
     }
 
     /// A store on `table` with the defaults of the settings: the attempt
@@ -181,6 +191,7 @@ impl Store {
             })),
             pause_table: crate::config::DispatchSettings::default().pause_table,
             trace: None,
+            ordering: None,
         }
     }
 

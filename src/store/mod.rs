@@ -17,6 +17,7 @@ pub mod batch;
 pub mod chart;
 pub mod connect;
 pub mod history;
+pub mod ordering;
 pub mod pauses;
 pub mod prune;
 pub mod resend;
@@ -33,6 +34,7 @@ use entity::OutboxEventRow;
 use sea_orm::{DatabaseConnection, DbErr};
 
 pub use connect::{install_crypto_provider, payload_type_is_json};
+pub use ordering::OrderingColumns;
 pub use pauses::Pause;
 pub use prune::{Pruned, PRUNE_BATCH};
 pub use resend::{FailedFilter, RetryRefused, RESEND_CHUNK};
@@ -203,6 +205,8 @@ pub struct Store {
     pause_table: String,
     /// The trace context's columns (`[tracing]`), read with each row.
     trace: Option<TraceColumns>,
+    /// The aggregate column (`[ordering]`), read with each row for dispatch.
+    ordering: Option<OrderingColumns>,
 }
 
 /// The outbox table's trace context columns (`[tracing] column`,

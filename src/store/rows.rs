@@ -26,6 +26,9 @@ pub struct ListFilter {
     pub changed_since: Option<NaiveDateTime>,
     /// Last changed before, UTC.
     pub changed_until: Option<NaiveDateTime>,
+    /// Only pending rows an earlier failed event of their aggregate holds
+    /// back (`[ordering]`, `events list --held`).
+    pub held: bool,
 }
 
 /// The columns [`Store::select_rows`] selects, in order.
@@ -74,6 +77,7 @@ fn decode_row(r: &QueryResult, traced: usize) -> Result<OutboxEventRow, DbErr> {
         tracestate: (traced > 1)
             .then(|| r.try_get_by_index::<Option<String>>(10).ok().flatten())
             .flatten(),
+        sequence: None,
     })
 }
 
@@ -157,7 +161,9 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let stmt = self.select_ids(ids);
+        let mut stmt = self.select_ids(ids);
+        // With `[ordering]`: where each row stands in its aggregate.
+        self.add_sequence(&mut stmt);
         let rows = self
             .db
             .query_all(&stmt)
@@ -167,7 +173,10 @@ impl Store {
         Ok(rows
             .iter()
             .filter_map(|r| match decode_row(r, traced) {
-                Ok(row) => Some(RowRead::Row(row)),
+                Ok(mut row) => {
+                    row.sequence = self.read_sequence(r, ROW_COLUMNS.len() + traced);
+                    Some(RowRead::Row(row))
+                }
                 Err(e) => r
                     .try_get_by_index::<i64>(0)
                     .ok()
@@ -230,6 +239,14 @@ impl Store {
             failed_until: filter.changed_until,
         }) {
             stmt.and_where(cond);
+        }
+        if filter.held {
+            match self.held_condition() {
+                Some(cond) => {
+                    stmt.and_where(cond);
+                }
+                None => return Ok(Vec::new()),
+            }
         }
         // Newest first: what an operator looks for after an outage.
         stmt.order_by(Column::Id, Order::Desc);

@@ -279,6 +279,21 @@ impl Store {
                 });
             }
         }
+        if let Some(o) = self.ordering() {
+            if !columns
+                .iter()
+                .any(|c| c.name.eq_ignore_ascii_case(&o.column))
+            {
+                return Err(TableError::Configured {
+                    table,
+                    column: o.column.clone(),
+                    key: "ordering.column",
+                    why: "does not exist: add it (the aggregate each event belongs to, e.g. a \
+                          generated column from the payload), or unset the key"
+                        .to_owned(),
+                });
+            }
+        }
         Ok(())
     }
 }
@@ -289,18 +304,24 @@ impl Store {
     /// only the rows of one status). `None` where the catalogue is not read
     /// (SQLite: small tables).
     pub async fn has_status_index(&self) -> Result<Option<bool>, StoreError> {
+        self.has_index_on("status").await
+    }
+
+    /// Whether some index of the table has `column` as its first column;
+    /// `None` where the catalogue is not read (SQLite).
+    pub async fn has_index_on(&self, column: &str) -> Result<Option<bool>, StoreError> {
         let backend = self.backend();
         let (sql, table) = match backend {
             DbBackend::Postgres => (
                 "SELECT count(*) AS n FROM pg_index i \
                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
-                 WHERE i.indrelid = to_regclass($1) AND a.attname = 'status'",
+                 WHERE i.indrelid = to_regclass($1) AND a.attname = $2",
                 super::history::quoted(self.table()),
             ),
             DbBackend::MySql => (
                 "SELECT count(*) AS n FROM information_schema.statistics \
                  WHERE table_schema = DATABASE() AND table_name = ? \
-                 AND seq_in_index = 1 AND column_name = 'status'",
+                 AND seq_in_index = 1 AND column_name = ?",
                 self.table().to_owned(),
             ),
             _ => return Ok(None),
@@ -308,7 +329,11 @@ impl Store {
         let err = || db_err("reading the table's indexes");
         let n: i64 = self
             .connection()
-            .query_one_raw(Statement::from_sql_and_values(backend, sql, [table.into()]))
+            .query_one_raw(Statement::from_sql_and_values(
+                backend,
+                sql,
+                [table.into(), column.to_owned().into()],
+            ))
             .await
             .map_err(err())?
             .map(|r| r.try_get("", "n"))

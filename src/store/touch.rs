@@ -127,7 +127,7 @@ impl Store {
     }
 
     /// Touches these ids where still pending; how many it touched.
-    async fn touch_ids(&self, ids: &[i64]) -> Result<u64, StoreError> {
+    pub(crate) async fn touch_ids(&self, ids: &[i64]) -> Result<u64, StoreError> {
         let stmt = Query::update()
             .table(self.tbl())
             .value(Column::UpdatedAt, self.touched_updated_at(now()))

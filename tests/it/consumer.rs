@@ -42,6 +42,7 @@ async fn insert_silently(txn: &DatabaseTransaction, status: &str, n: i64) -> Out
         updated_at: now,
         traceparent: None,
         tracestate: None,
+        sequence: None,
     }
 }
 
