@@ -106,8 +106,9 @@ impl Store {
     }
 
     /// The event `id` waits behind, with its status (`events show`, the
-    /// console): `None` when ordering is off, the row is not pending, or
-    /// nothing earlier of its aggregate holds it.
+    /// console): the newest earlier failed event of its aggregate (what an
+    /// operator resends), else the newest earlier pending one; `None` when
+    /// ordering is off, the row is not pending, or nothing earlier holds it.
     pub async fn waits_behind(&self, id: i64) -> Result<Option<(i64, Status)>, StoreError> {
         let Some(o) = &self.ordering else {
             return Ok(None);
@@ -118,7 +119,8 @@ impl Store {
         let sql = format!(
             "SELECT b.id AS id, CAST(b.status AS {text}) AS status FROM {t} r JOIN {t} b \
              ON b.{c} = r.{c} AND b.id < r.id AND b.status IN {held_by} \
-             WHERE r.id = {id} AND r.status = 'pending' ORDER BY b.id DESC LIMIT 1",
+             WHERE r.id = {id} AND r.status = 'pending' \
+             ORDER BY CASE WHEN b.status = 'failed' THEN 0 ELSE 1 END, b.id DESC LIMIT 1",
             text = if self.backend() == DbBackend::MySql {
                 "CHAR"
             } else {

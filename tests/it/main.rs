@@ -17,6 +17,7 @@ mod harness;
 mod history;
 mod history_cost;
 mod operations;
+mod ordering;
 mod pg_tls;
 mod pipeline;
 mod process;

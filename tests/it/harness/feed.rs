@@ -1,7 +1,8 @@
 //! A stand-in for Debezium: every write to the table — the test's and the
 //! sidecar's own — becomes the change event Debezium's PostgreSQL connector
 //! would publish (envelope format, JsonConverter without schemas, key
-//! `{"id": N}`), in commit order. A trigger NOTIFYs each row change; this
+//! `{"id": N}`, or `{"aggregate_key": …}` when the table has that column,
+//! as `message.key.columns` keys it), in commit order. A trigger NOTIFYs each row change; this
 //! task LISTENs and produces to the topic.
 //!
 //! It follows what real Debezium 3.6 emits with the shipped connector
@@ -278,7 +279,19 @@ async fn unspill(db: &sea_orm::DatabaseConnection, seq: i64) -> Value {
 
 /// Produces one change event keyed by `id`; returns its partition.
 async fn send(producer: &FutureProducer, topic: &str, id: i64, value: Option<&Value>) -> i32 {
-    let key = json!({ "id": id }).to_string();
+    // A table with an `aggregate_key` column is keyed by it, as the
+    // ordered connector configuration (`message.key.columns`) keys it.
+    let row = value.map(|v| {
+        if v["op"] == "d" {
+            &v["before"]
+        } else {
+            &v["after"]
+        }
+    });
+    let key = match row.and_then(|r| r.get("aggregate_key")) {
+        Some(aggregate) => json!({ "aggregate_key": aggregate }).to_string(),
+        None => json!({ "id": id }).to_string(),
+    };
     let value = value.map(|v| v.to_string());
     let mut record = FutureRecord::to(topic).key(&key);
     if let Some(v) = &value {

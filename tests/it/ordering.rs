@@ -1,0 +1,339 @@
+//! Per-aggregate ordering (`[ordering]`, issue #32): an aggregate's events
+//! are POSTed in id order, one at a time; a failed one holds back only its
+//! own aggregate, and only until it is resent and sent.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use entity::Status;
+use outbox_sidecar::store::ListFilter;
+use sea_orm::{ConnectionTrait, Statement};
+use wiremock::ResponseTemplate;
+
+use crate::harness::kafka::Kafka;
+use crate::harness::receiver::Received;
+use crate::harness::{eventually, metric, prepare_on, Options, Receiver, TestApp};
+
+const T: Duration = Duration::from_secs(90);
+
+pub const ORDERING: &str = "[ordering]\ncolumn = \"aggregate_key\"\n";
+
+/// The column and index a Rails app adds for ordering.
+pub async fn add_aggregate_column(t: &TestApp) {
+    let table = t.store.table();
+    for sql in [
+        format!("ALTER TABLE {table} ADD COLUMN aggregate_key text"),
+        format!("CREATE INDEX ON {table} (aggregate_key, status, id)"),
+    ] {
+        t.store.connection().execute_unprepared(&sql).await.unwrap();
+    }
+}
+
+/// Inserts a pending event of `aggregate`, as the application would.
+pub async fn insert_in(db: &sea_orm::DatabaseConnection, table: &str, aggregate: &str) -> i64 {
+    let stmt = Statement::from_sql_and_values(
+        sea_orm::DbBackend::Postgres,
+        format!(
+            "INSERT INTO {table} (event_name, payload, status, attempts, created_at, updated_at, \
+             aggregate_key) VALUES ('accounts.installment_paid', '{{\"n\": 1}}', 'pending', 0, \
+             now() AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC', $1) RETURNING id"
+        ),
+        [aggregate.into()],
+    );
+    let row = db.query_one_raw(stmt).await.unwrap().unwrap();
+    row.try_get("", "id").unwrap()
+}
+
+/// A deterministic coin: true for about `percent` % of ids.
+pub fn coin(id: i64, percent: u64) -> bool {
+    let mut x = id as u64 ^ 0x9E37_79B9_7F4A_7C15;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x % 100 < percent
+}
+
+/// Checks the receiver's log against each aggregate's ids (in id order):
+/// no POST of an event before the last POST of the one before it, and the
+/// answered (2xx) POSTs in id order.
+pub fn check_order(log: &[Received], aggregates: &BTreeMap<String, Vec<i64>>) {
+    let aggregate_of: HashMap<i64, &str> = aggregates
+        .iter()
+        .flat_map(|(a, ids)| ids.iter().map(move |id| (*id, a.as_str())))
+        .collect();
+    let mut seen: HashMap<&str, i64> = HashMap::new();
+    for r in log {
+        let Some(a) = aggregate_of.get(&r.id) else {
+            continue;
+        };
+        let last = seen.entry(a).or_insert(i64::MIN);
+        assert!(
+            r.id >= *last,
+            "aggregate {a}: event {} POSTed after event {} (log order)",
+            r.id,
+            *last
+        );
+        *last = r.id;
+    }
+    for (a, ids) in aggregates {
+        let answered: Vec<i64> = log
+            .iter()
+            .filter(|r| aggregate_of.get(&r.id) == Some(&a.as_str()) && r.status / 100 == 2)
+            .map(|r| r.id)
+            .collect();
+        let mut sorted = answered.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            answered, sorted,
+            "aggregate {a}: answered POSTs in id order"
+        );
+        let mut unique = sorted.clone();
+        unique.dedup();
+        assert_eq!(&unique, ids, "aggregate {a}: every event answered");
+    }
+}
+
+async fn ordered_app(receiver: Receiver, extra: &str) -> TestApp {
+    let t = prepare_on(
+        Kafka::start(),
+        Options {
+            extra_toml: format!("{ORDERING}{extra}"),
+            max_in_flight: 16,
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    add_aggregate_column(&t).await;
+    t
+}
+
+/// The test's store as the sidecar configured with `[ordering]` sees it.
+fn ordered_store(t: &TestApp) -> outbox_sidecar::store::Store {
+    t.store
+        .clone()
+        .with_ordering(Some(outbox_sidecar::store::OrderingColumns {
+            column: "aggregate_key".into(),
+            hold: true,
+        }))
+}
+
+#[tokio::test]
+async fn each_aggregate_is_sent_in_order_while_aggregates_go_on_concurrently() {
+    // 20 % of first attempts answered 503 at random: a retried event must
+    // not be overtaken by the next one of its aggregate.
+    let receiver = Receiver::start(|r| {
+        ResponseTemplate::new(if r.nth == 0 && coin(r.id, 20) {
+            503
+        } else {
+            200
+        })
+    })
+    .await;
+    let mut t = ordered_app(receiver, "").await;
+    t.start().await;
+    // 400 events over 20 aggregates by 4 concurrent writers, each writing
+    // its own 5 aggregates.
+    let mut writers = Vec::new();
+    for w in 0..4 {
+        let db = t.store.connection().clone();
+        let table = t.store.table().to_owned();
+        writers.push(tokio::spawn(async move {
+            let mut mine: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+            for n in 0..100 {
+                let a = format!("acct-{w}-{}", n % 5);
+                let id = insert_in(&db, &table, &a).await;
+                mine.entry(a).or_default().push(id);
+            }
+            mine
+        }));
+    }
+    let mut aggregates = BTreeMap::new();
+    for w in writers {
+        aggregates.extend(w.await.unwrap());
+    }
+    let all: Vec<i64> = aggregates.values().flatten().copied().collect();
+    eventually("every event sent", T, || async {
+        let rows = t.store.get_many(&all).await.ok()?;
+        rows.iter().all(|r| r.status == Status::Sent).then_some(())
+    })
+    .await;
+    let log = t.receiver.requests();
+    check_order(&log, &aggregates);
+    let retried = log.iter().filter(|r| r.status == 503).count();
+    assert!(
+        retried > 40,
+        "the receiver refused {retried} first attempts"
+    );
+    // Aggregates went on side by side: some aggregate's event was POSTed
+    // between two POSTs of another's.
+    let firsts: Vec<&str> = log
+        .iter()
+        .filter_map(|r| {
+            aggregates
+                .iter()
+                .find(|(_, ids)| ids.contains(&r.id))
+                .map(|(a, _)| a.as_str())
+        })
+        .collect();
+    let switches = firsts.windows(2).filter(|w| w[0] != w[1]).count();
+    assert!(
+        switches > 40,
+        "aggregates interleaved ({switches} switches)"
+    );
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_head_holds_only_its_aggregate_until_it_is_resent_and_sent() {
+    let healed = Arc::new(AtomicBool::new(false));
+    let stuck_head = Arc::new(std::sync::atomic::AtomicI64::new(-1));
+    let receiver = {
+        let healed = healed.clone();
+        let stuck_head = stuck_head.clone();
+        Receiver::start(move |r| {
+            let refuse =
+                r.id == stuck_head.load(Ordering::SeqCst) && !healed.load(Ordering::SeqCst);
+            ResponseTemplate::new(if refuse { 500 } else { 200 })
+        })
+        .await
+    };
+    let mut t = ordered_app(receiver, "").await;
+    let db = t.store.connection().clone();
+    let table = t.store.table().to_owned();
+    let head = insert_in(&db, &table, "stuck").await;
+    stuck_head.store(head, Ordering::SeqCst);
+    t.start().await;
+    let mut held = Vec::new();
+    let mut others: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for n in 0..60 {
+        if n % 10 == 0 {
+            held.push(insert_in(&db, &table, "stuck").await);
+        }
+        let a = format!("other-{}", n % 6);
+        others
+            .entry(a.clone())
+            .or_default()
+            .push(insert_in(&db, &table, &a).await);
+    }
+    t.wait_status(head, Status::Failed, T).await;
+    let rest: Vec<i64> = others.values().flatten().copied().collect();
+    eventually("every other aggregate sent", T, || async {
+        let rows = t.store.get_many(&rest).await.ok()?;
+        rows.iter().all(|r| r.status == Status::Sent).then_some(())
+    })
+    .await;
+    // The held events: pending, no attempt used, never POSTed; visible.
+    let base = t.admin_url("");
+    eventually("the held gauges", T, || async {
+        let events = metric(&base, "outbox_ordering_held_events").await?;
+        let aggregates = metric(&base, "outbox_ordering_held_aggregates").await?;
+        (events == held.len() as f64 && aggregates == 1.0).then_some(())
+    })
+    .await;
+    let ordered = ordered_store(&t);
+    for &id in &held {
+        let row = t.row(id).await;
+        assert_eq!((row.status, row.attempts), (Status::Pending, 0), "{id}");
+        assert!(t.receiver.for_id(id).is_empty(), "{id} was POSTed");
+        assert_eq!(
+            ordered.waits_behind(id).await.unwrap(),
+            Some((head, Status::Failed)),
+            "{id}"
+        );
+    }
+    assert_eq!(
+        t.receiver.for_id(head).len(),
+        3,
+        "the head used its 3 attempts"
+    );
+    let listed: Vec<i64> = ordered
+        .list(&ListFilter {
+            held: true,
+            ..ListFilter::default()
+        })
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .rev()
+        .collect();
+    assert_eq!(listed, held, "events list --held");
+    // Their messages were committed: nothing holds the partitions.
+    t.wait_all_committed(&t.group, T).await;
+    // The receiver heals and the operator resends the head.
+    healed.store(true, Ordering::SeqCst);
+    let caller =
+        outbox_sidecar::store::history::Caller::new(outbox_sidecar::store::history::Via::Cli, None);
+    t.store.retry(head, &caller).await.unwrap().unwrap();
+    for &id in &held {
+        t.wait_status(id, Status::Sent, T).await;
+    }
+    let mut stuck = vec![head];
+    stuck.extend(&held);
+    let mut aggregates = others.clone();
+    aggregates.insert("stuck".into(), stuck);
+    let log = t.receiver.requests();
+    // The head's three refused attempts come first: check from its resend on.
+    let after: Vec<Received> = log
+        .iter()
+        .filter(|r| !(r.id == head && r.status == 500))
+        .cloned()
+        .collect();
+    check_order(&after, &aggregates);
+    for &id in &held {
+        assert_eq!(t.receiver.for_id(id).len(), 1, "held event {id} sent once");
+    }
+    assert!(metric(&base, "outbox_ordering_parked_total").await.unwrap() >= held.len() as f64);
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_without_the_column_is_counted_and_its_event_still_waits_its_turn() {
+    let mut t = ordered_app(Receiver::accepting().await, "").await;
+    t.start().await;
+    let db = t.store.connection().clone();
+    let table = t.store.table().to_owned();
+    let id = insert_in(&db, &table, "a").await;
+    t.wait_status(id, Status::Sent, T).await;
+    // A record keyed by id (a connector without message.key.columns).
+    let value = crate::harness::feed::envelope(
+        "u",
+        &serde_json::Value::Null,
+        &serde_json::json!({"id": id + 1000, "status": "pending", "attempts": 0}),
+        "outbox_events",
+    );
+    t.feed
+        .publish_raw(Some(br#"{"id": 1}"#), Some(value.to_string().as_bytes()))
+        .await;
+    let base = t.admin_url("");
+    eventually("the unkeyed event counted", T, || async {
+        (metric(&base, "outbox_ordering_unkeyed_total").await? >= 1.0).then_some(())
+    })
+    .await;
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn a_column_the_table_lacks_is_refused_at_start_up() {
+    let t = prepare_on(
+        Kafka::start(),
+        Options {
+            extra_toml: ORDERING.into(),
+            ..Options::default()
+        },
+        Receiver::accepting().await,
+    )
+    .await;
+    let settings = t.settings(&t.group);
+    let e = match outbox_sidecar::app::App::start(settings).await {
+        Ok(_) => panic!("started without the ordering column"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("aggregate_key") && e.contains("ordering.column"),
+        "{e}"
+    );
+}
