@@ -15,6 +15,7 @@
 
 mod bridge;
 mod load;
+mod ordered;
 mod race;
 mod shapes;
 mod shipped;
