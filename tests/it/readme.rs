@@ -509,9 +509,10 @@ const MAP_SECTIONS: [&str; 3] = [
     "dispatchers.NAME.header_files",
 ];
 
-const TOP_SECTIONS: [&str; 10] = [
+const TOP_SECTIONS: [&str; 11] = [
     "database",
     "tracing",
+    "ordering",
     "kafka",
     "dispatch",
     "dispatchers",
