@@ -337,3 +337,151 @@ async fn a_column_the_table_lacks_is_refused_at_start_up() {
         "{e}"
     );
 }
+
+/// The ordering's reads and announcements, the same on each backend: what a
+/// row waits behind, its aggregate's next pending event, the held list and
+/// counts, and the sweep that touches only what nothing holds.
+#[tokio::test]
+async fn the_ordering_queries_agree_on_postgresql_mariadb_and_sqlite() {
+    use crate::db::{Backend, TestDb};
+    use outbox_sidecar::store::{OrderingColumns, RowRead};
+    for backend in [Backend::Postgres, Backend::MySql, Backend::Sqlite] {
+        let db = TestDb::new(backend).await;
+        let plain = db.store().await;
+        let conn = plain.connection().clone();
+        let column_type = if backend == Backend::MySql {
+            "varchar(64)"
+        } else {
+            "text"
+        };
+        for sql in [
+            format!("ALTER TABLE outbox_events ADD COLUMN aggregate_key {column_type} NULL"),
+            "CREATE INDEX ix_aggregate ON outbox_events (aggregate_key, status, id)".to_owned(),
+        ] {
+            conn.execute_unprepared(&sql).await.unwrap();
+        }
+        let store = |hold| {
+            plain.clone().with_ordering(Some(OrderingColumns {
+                column: "aggregate_key".into(),
+                hold,
+            }))
+        };
+        let hold = store(true);
+        let mut ids = Vec::new();
+        for (aggregate, status) in [
+            (Some("a"), "sent"),
+            (Some("a"), "failed"),
+            (Some("a"), "pending"),
+            (Some("a"), "pending"),
+            (Some("b"), "pending"),
+            (None, "pending"),
+        ] {
+            let id = plain
+                .insert("accounts.installment_paid", &serde_json::json!({"n": 1}))
+                .await
+                .unwrap();
+            let value = aggregate.map_or("NULL".to_owned(), |a| format!("'{a}'"));
+            conn.execute_unprepared(&format!(
+                "UPDATE outbox_events SET aggregate_key = {value}, status = '{status}', \
+                 updated_at = '2020-01-01 00:00:00' WHERE id = {id}"
+            ))
+            .await
+            .unwrap();
+            ids.push(id);
+        }
+        let [_a1, a2, a3, a4, b1, n] = ids[..] else {
+            unreachable!()
+        };
+        let sequences = |rows: Vec<RowRead>| -> Vec<(i64, entity::Sequence)> {
+            rows.into_iter()
+                .map(|r| match r {
+                    RowRead::Row(row) => (row.id, row.sequence.expect("read with the row")),
+                    RowRead::Undecodable { id, error } => panic!("{id}: {error}"),
+                })
+                .collect()
+        };
+        let mut read = sequences(hold.read_rows(&[a3, a4, b1, n]).await.unwrap());
+        read.sort_by_key(|(id, _)| *id);
+        let seq = |aggregate: Option<&str>, behind, next_pending| entity::Sequence {
+            aggregate: aggregate.map(str::to_owned),
+            behind,
+            next_pending,
+        };
+        assert_eq!(
+            read,
+            vec![
+                (a3, seq(Some("a"), Some(a2), Some(a4))),
+                (a4, seq(Some("a"), Some(a3), None)),
+                (b1, seq(Some("b"), None, None)),
+                (n, seq(None, None, None)),
+            ],
+            "{backend:?}"
+        );
+        // Under "skip" a failed event holds nothing.
+        let skip = sequences(store(false).read_rows(&[a3]).await.unwrap());
+        assert_eq!(skip[0].1.behind, None, "{backend:?}");
+        assert_eq!(
+            hold.waits_behind(a4).await.unwrap(),
+            Some((a2, Status::Failed)),
+            "{backend:?}: the failed event is named, not the pending one between"
+        );
+        assert_eq!(hold.waits_behind(b1).await.unwrap(), None);
+        assert_eq!(hold.held_counts().await.unwrap(), Some((1, 2)), "{backend:?}");
+        let held: Vec<i64> = hold
+            .list(&ListFilter {
+                held: true,
+                ..ListFilter::default()
+            })
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(held, vec![a4, a3], "{backend:?}");
+        // The sweep touches what nothing holds (b1), not a3/a4 (behind the
+        // failed a2) nor the unordered row.
+        let touched = hold
+            .announce_stranded(Duration::from_secs(1), 100)
+            .await
+            .unwrap();
+        assert_eq!(touched, 1, "{backend:?}");
+        let old = chrono::NaiveDate::from_ymd_opt(2020, 1, 1)
+            .unwrap()
+            .and_hms_opt(0, 0, 0)
+            .unwrap();
+        let updated = |id| {
+            let plain = plain.clone();
+            async move { plain.get(id).await.unwrap().unwrap().updated_at }
+        };
+        assert!(updated(b1).await > old, "{backend:?}: b1 touched");
+        for id in [a3, a4, n] {
+            assert_eq!(updated(id).await, old, "{backend:?}: {id} left alone");
+        }
+        // After a2 is sent, its aggregate's next pending event is announced.
+        assert_eq!(hold.announce_next(a2).await.unwrap(), Some(a3), "{backend:?}");
+        assert!(updated(a3).await > old);
+        assert_eq!(updated(a4).await, old, "only the next one");
+    }
+}
+
+#[tokio::test]
+async fn an_event_whose_announcement_was_lost_is_announced_by_the_sweep() {
+    let mut t = ordered_app(Receiver::accepting().await, "stranded_after = \"1s\"\n").await;
+    t.start().await;
+    let db = t.store.connection().clone();
+    let table = t.store.table().to_owned();
+    let first = insert_in(&db, &table, "a").await;
+    t.wait_status(first, Status::Sent, T).await;
+    // A pending event whose change event never comes: parked behind an
+    // event whose sender was killed before it announced the next one.
+    db.execute_unprepared(&format!("ALTER TABLE {table} DISABLE TRIGGER outbox_cdc"))
+        .await
+        .unwrap();
+    let lost = insert_in(&db, &table, "a").await;
+    db.execute_unprepared(&format!("ALTER TABLE {table} ENABLE TRIGGER outbox_cdc"))
+        .await
+        .unwrap();
+    t.wait_status(lost, Status::Sent, T).await;
+    assert_eq!(t.receiver.for_id(lost).len(), 1);
+    t.stop().await;
+}
