@@ -660,9 +660,19 @@ async fn event(
                     )
                 }
             };
+            // `[ordering]`: what the event waits behind, if anything.
+            let behind = state
+                .admin
+                .store
+                .waits_behind(id)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::warn!(id, error = %e, "cannot read what the event waits behind");
+                    None
+                });
             html(
                 StatusCode::OK,
-                pages::event(&s, &row, &attempts, notice.as_deref()),
+                pages::event(&s, &row, &attempts, notice.as_deref(), behind),
             )
         }
         Ok(None) => html(

@@ -345,6 +345,7 @@ pub fn event(
     row: &OutboxEventRow,
     attempts: &[AttemptView],
     notice: Option<&str>,
+    behind: Option<(i64, Status)>,
 ) -> Markup {
     let payload = row.payload.pretty();
     layout(
@@ -356,6 +357,17 @@ pub fn event(
             table #event {
                 tr { th { "event name" } td { code { (row.event_name) } } }
                 tr { th { "status" } td #status { (status_cell(row.status)) } }
+                @if let Some((b, status)) = behind {
+                    tr {
+                        th { "ordering" }
+                        td #held-behind {
+                            @if status == Status::Failed { "held behind event " } @else { "waiting behind event " }
+                            a href={ "/admin/console/events/" (b) } { (b) }
+                            " (" (status) ")"
+                            @if status == Status::Failed { ": sent once that event is resent and sent" }
+                        }
+                    }
+                }
                 tr { th { "attempts" } td #attempts { (row.attempts) } }
                 tr { th { "created" } td { (fmt_time(&row.created_at)) } }
                 tr { th { "updated" } td { (fmt_time(&row.updated_at)) } }
@@ -644,6 +656,7 @@ mod tests {
             &row(Status::Failed, Some("<script>alert(1)</script>")),
             &[],
             None,
+            None,
         )
         .into_string();
         assert!(!html.contains("<script>"), "{html}");
@@ -658,18 +671,19 @@ mod tests {
             &row(Status::Failed, Some("HTTP 503")),
             &[],
             None,
+            None,
         )
         .into_string();
         assert!(failed.contains(r#"action="/admin/console/events/7/resend""#));
         assert!(failed.contains(r#"name="csrf" value="c5rf""#));
-        let sent = event(&session(), &row(Status::Sent, None), &[], None).into_string();
+        let sent = event(&session(), &row(Status::Sent, None), &[], None, None).into_string();
         assert!(!sent.contains("/events/7/resend"));
     }
 
     #[test]
     fn the_timeline_shows_attempts_or_says_none_were_recorded() {
         let r = row(Status::Failed, Some("HTTP 503"));
-        let none = event(&session(), &r, &[], None).into_string();
+        let none = event(&session(), &r, &[], None, None).into_string();
         assert!(none.contains("no attempt recorded"));
         let one = AttemptView {
             attempt: Some(2),
@@ -682,7 +696,7 @@ mod tests {
             via: Some("accounts".into()),
             trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
         };
-        let html = event(&session(), &r, &[one], None).into_string();
+        let html = event(&session(), &r, &[one], None, None).into_string();
         assert!(!html.contains("no attempt recorded"));
         for text in [
             "503",
@@ -694,5 +708,17 @@ mod tests {
         ] {
             assert!(html.contains(text), "{text}");
         }
+    }
+
+    #[test]
+    fn a_held_event_says_what_it_waits_behind_with_a_link() {
+        let r = row(Status::Pending, None);
+        let held = event(&session(), &r, &[], None, Some((5, Status::Failed))).into_string();
+        assert!(held.contains("held behind event"), "{held}");
+        assert!(held.contains(r#"href="/admin/console/events/5""#), "{held}");
+        let waiting = event(&session(), &r, &[], None, Some((6, Status::Pending))).into_string();
+        assert!(waiting.contains("waiting behind event"), "{waiting}");
+        let free = event(&session(), &r, &[], None, None).into_string();
+        assert!(!free.contains("held-behind"));
     }
 }

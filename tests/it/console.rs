@@ -300,7 +300,7 @@ async fn console_pauses_and_resumes_a_dispatcher() {
     b.close().await;
 }
 
-fn no_redirects() -> reqwest::Client {
+pub fn no_redirects() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -622,7 +622,7 @@ async fn console_is_disabled_without_an_admin_token() {
 }
 
 /// Signs in with a plain HTTP client: the session cookie and its CSRF token.
-async fn signed_in(t: &TestApp, http: &reqwest::Client) -> (String, String) {
+pub async fn signed_in(t: &TestApp, http: &reqwest::Client) -> (String, String) {
     let r = http
         .post(t.api_url("/admin/console/signin"))
         .header("content-type", "application/x-www-form-urlencoded")

@@ -261,6 +261,49 @@ async fn a_failed_head_holds_only_its_aggregate_until_it_is_resent_and_sent() {
         .rev()
         .collect();
     assert_eq!(listed, held, "events list --held");
+    // The operator's views: the command line and the console.
+    let cli = |args: &[&str]| {
+        let out = crate::cli::bin()
+            .env("OUTBOX__DATABASE__URL", &t.db.url)
+            .env("OUTBOX__ORDERING__COLUMN", "aggregate_key")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shown = cli(&["events", "show", &held[2].to_string()]);
+    assert!(
+        shown.contains(&format!("held behind event {head} (failed)")),
+        "{shown}"
+    );
+    let listed = cli(&["events", "list", "--held"]);
+    let mut first_cells: Vec<i64> = listed
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    first_cells.sort_unstable();
+    assert_eq!(first_cells, held, "{listed}");
+    let http = crate::console::no_redirects();
+    let (cookie, _) = crate::console::signed_in(&t, &http).await;
+    let page = http
+        .get(t.api_url(&format!("/admin/console/events/{}", held[0])))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("held behind event"), "{page}");
+    assert!(
+        page.contains(&format!("/admin/console/events/{head}")),
+        "{page}"
+    );
     // Their messages were committed: nothing holds the partitions.
     t.wait_all_committed(&t.group, T).await;
     // The receiver heals and the operator resends the head.
@@ -426,7 +469,11 @@ async fn the_ordering_queries_agree_on_postgresql_mariadb_and_sqlite() {
             "{backend:?}: the failed event is named, not the pending one between"
         );
         assert_eq!(hold.waits_behind(b1).await.unwrap(), None);
-        assert_eq!(hold.held_counts().await.unwrap(), Some((1, 2)), "{backend:?}");
+        assert_eq!(
+            hold.held_counts().await.unwrap(),
+            Some((1, 2)),
+            "{backend:?}"
+        );
         let held: Vec<i64> = hold
             .list(&ListFilter {
                 held: true,
@@ -458,7 +505,11 @@ async fn the_ordering_queries_agree_on_postgresql_mariadb_and_sqlite() {
             assert_eq!(updated(id).await, old, "{backend:?}: {id} left alone");
         }
         // After a2 is sent, its aggregate's next pending event is announced.
-        assert_eq!(hold.announce_next(a2).await.unwrap(), Some(a3), "{backend:?}");
+        assert_eq!(
+            hold.announce_next(a2).await.unwrap(),
+            Some(a3),
+            "{backend:?}"
+        );
         assert!(updated(a3).await > old);
         assert_eq!(updated(a4).await, old, "only the next one");
     }
