@@ -207,7 +207,7 @@ fn update_event(c: &Change, table: &str, seq: u64) -> (String, String) {
         "ts_ms": now,
         "transaction": null,
     });
-    (json!({"id": c.id}).to_string(), value.to_string())
+    (crate::kafka::key_of(c.id), value.to_string())
 }
 
 /// The task that drains the queue onto the topic while a scenario runs.

@@ -116,6 +116,24 @@ pub(crate) fn send(
     }
 }
 
+/// How many aggregates an ordered scenario spreads its rows over.
+pub(crate) const AGGREGATES: i64 = 1_000;
+
+/// Whether change events are keyed by the row's aggregate (an ordered
+/// scenario) rather than its id.
+pub(crate) static ORDERED_KEYS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// A change event's key: `{"id": N}`, or the aggregate the ordered
+/// connector keys by (`message.key.columns`).
+pub(crate) fn key_of(id: i64) -> String {
+    if ORDERED_KEYS.load(std::sync::atomic::Ordering::Relaxed) {
+        json!({"aggregate_key": format!("agg-{}", id % AGGREGATES)}).to_string()
+    } else {
+        json!({"id": id}).to_string()
+    }
+}
+
 /// The change event Debezium's PostgreSQL connector writes for an insert
 /// (JsonConverter without schemas): key and value.
 pub(crate) fn change_event(row: &SourceRow, table: &str, seq: usize) -> (String, String) {
@@ -142,7 +160,7 @@ pub(crate) fn change_event(row: &SourceRow, table: &str, seq: usize) -> (String,
         "ts_ms": now,
         "transaction": null,
     });
-    (json!({"id": row.id}).to_string(), value.to_string())
+    (key_of(row.id), value.to_string())
 }
 
 /// Publishes every row of the table past id `after` as fast as the

@@ -204,6 +204,8 @@ pub(crate) const S1_NO_LOG: &str = "S1 backlog, attempt log off";
 pub(crate) const S1_NO_ECHO: &str = "S1 backlog, no echoes";
 /// S1 with a traceparent column the sidecar reads, no exporter.
 pub(crate) const S1_TRACED: &str = "S1 backlog, traceparent column";
+/// S1 with `[ordering]` over 1,000 aggregates.
+pub(crate) const S1_ORDERED: &str = "S1 backlog, ordered by aggregate";
 /// S1 against the 204 receiver.
 pub(crate) const S1_204: &str = "S1 backlog, 204 receiver";
 /// S1 against the 201 receiver over HTTPS.
@@ -223,6 +225,7 @@ pub(crate) fn base_setup(opts: &Options) -> Setup {
         echoes: opts.echoes,
         payload_bytes: 0,
         traced: false,
+        ordered: false,
     }
 }
 
@@ -325,6 +328,22 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     let forward = run % 2 == 1;
     if o.scale_only {
         return scale(env, sheet, run, forward).await;
+    }
+    if o.ordering_pair {
+        // S1 beside S1 ordered per aggregate (1,000 aggregates), in turn
+        // forwards and backwards.
+        let ordered = Setup {
+            ordered: true,
+            ..base
+        };
+        let mut pair = [(S1, base), (S1_ORDERED, ordered)];
+        if !forward {
+            pair.reverse();
+        }
+        for (label, setup) in pair {
+            backlog(env, sheet, run, label, false, true, setup, n).await?;
+        }
+        return Ok(());
     }
     if o.trace_pair {
         // S1 beside S1 with trace context read and sent (no exporter),

@@ -172,6 +172,23 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
         }
         return out;
     }
+    if opts.ordering_pair {
+        let rate = |label: &str| format!("{label}: events/s end to end");
+        let pairs = per_run(sheet, &[&rate(super::S1_ORDERED), &rate(super::S1)], |v| {
+            v[0] / v[1]
+        });
+        line(
+            &mut out,
+            super::verdict::goal_line(
+                "S1 ordered per aggregate (1,000 aggregates): events/s ÷ S1's beside it",
+                &pairs,
+                super::verdict::Bound::AtLeast(0.70),
+                super::verdict::Shown::Times(3),
+                "goal ≥ 0.70 (issue #32)",
+            ),
+        );
+        return out;
+    }
     if opts.trace_pair {
         let rate = |label: &str| format!("{label}: events/s end to end");
         let pairs = per_run(sheet, &[&rate(super::S1_TRACED), &rate(super::S1)], |v| {

@@ -28,6 +28,10 @@ pub(crate) struct Setup {
     /// Each row carries a W3C `traceparent` in a column the sidecar reads
     /// (`[tracing] column`, no exporter): what trace context costs.
     pub(crate) traced: bool,
+    /// `[ordering]` on: each row's aggregate (`aggregate_key`, id modulo
+    /// [`crate::kafka::AGGREGATES`]) keys its change events, as
+    /// `message.key.columns` would.
+    pub(crate) ordered: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -146,6 +150,21 @@ pub(crate) async fn scenario_on(
             .await
             .context("adding the traceparent column")?;
     }
+    if setup.ordered {
+        // The aggregate as a generated column (what a Rails app without
+        // one adds), with the index the ordering's reads use.
+        store
+            .connection()
+            .execute_unprepared(&format!(
+                "ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS aggregate_key text \
+                 GENERATED ALWAYS AS ('agg-' || (id % {a})) STORED; \
+                 CREATE INDEX IF NOT EXISTS {TABLE}_aggregate ON {TABLE} (aggregate_key, status, id)",
+                a = crate::kafka::AGGREGATES
+            ))
+            .await
+            .context("adding the aggregate column")?;
+    }
+    crate::kafka::ORDERED_KEYS.store(setup.ordered, std::sync::atomic::Ordering::Relaxed);
     insert_rows(&store, n, setup.payload_bytes).await?;
     if setup.echoes {
         echo::install(&store).await?;
@@ -470,9 +489,12 @@ pub(crate) fn add_scenario(
 
 /// The sidecar's `[tracing]` for `setup`: the column, no exporter.
 fn tracing_toml(setup: Setup) -> &'static str {
-    if setup.traced {
-        "[tracing]\ncolumn = \"traceparent\"\n"
-    } else {
-        ""
+    match (setup.traced, setup.ordered) {
+        (true, false) => "[tracing]\ncolumn = \"traceparent\"\n",
+        (false, true) => "[ordering]\ncolumn = \"aggregate_key\"\n",
+        (true, true) => {
+            "[tracing]\ncolumn = \"traceparent\"\n[ordering]\ncolumn = \"aggregate_key\"\n"
+        }
+        (false, false) => "",
     }
 }

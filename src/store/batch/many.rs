@@ -279,7 +279,7 @@ pub async fn mark_sent_many(
             Some(&at) if found.status == Status::Sent && found.sent_at == Some(at) => {
                 Sent::Applied { sent_at: at }
             }
-            _ => Sent::Conflict(found),
+            _ => Sent::Conflict(Box::new(found)),
         },
         Sent::NotFound,
     )

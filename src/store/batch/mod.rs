@@ -51,7 +51,7 @@ pub enum Sent {
         sent_at: chrono::NaiveDateTime,
     },
     /// The row was not `pending` with the expected attempts; as found.
-    Conflict(OutboxEventRow),
+    Conflict(Box<OutboxEventRow>),
     NotFound(i64),
 }
 
