@@ -685,3 +685,45 @@ fn history_pause_and_breaker_keys() {
         assert!(e.to_string().contains(message), "{extra}: {e}");
     }
 }
+
+#[test]
+fn ordering_is_off_by_default_and_its_keys_are_checked_by_name() {
+    let text = include_str!("../../config/example.toml");
+    let s = Settings::from_toml(Some(text), BTreeMap::new()).unwrap();
+    assert!(!s.ordering.enabled(), "R-004: no order unless asked for");
+    assert_eq!(s.ordering.on_failed, OnFailed::Hold);
+    let on = Settings::from_toml(
+        Some(text),
+        env(&[
+            ("OUTBOX__ORDERING__COLUMN", "company_id"),
+            ("OUTBOX__ORDERING__ON_FAILED", "skip"),
+        ]),
+    )
+    .unwrap();
+    on.validate().unwrap();
+    assert_eq!(on.ordering.column.as_deref(), Some("company_id"));
+    assert_eq!(on.ordering.on_failed, OnFailed::Skip);
+    for (key, value, named) in [
+        (
+            "OUTBOX__ORDERING__COLUMN",
+            "payload->>'x'",
+            "ordering.column",
+        ),
+        (
+            "OUTBOX__ORDERING__STRANDED_AFTER",
+            "100ms",
+            "ordering.stranded_after",
+        ),
+    ] {
+        let e = match Settings::from_toml(Some(text), env(&[(key, value)])) {
+            Ok(s) => s.validate().unwrap_err().to_string(),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(named), "{e}");
+    }
+    let e = Settings::from_toml(Some(text), env(&[("OUTBOX__ORDERING__ON_FAILED", "drop")]))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("on_failed"), "{e}");
+}

@@ -1322,7 +1322,10 @@ mod same_rows {
         let log = [log_of(&sents[0], 200)];
         let out = mark_sent_many(&store, &sents, &log).await.unwrap();
         assert_eq!(out[&expected[2].id], Sent::Applied { sent_at: at(20) });
-        assert_eq!(out[&rows[5].id], Sent::Conflict(Box::new(expected[5].clone())));
+        assert_eq!(
+            out[&rows[5].id],
+            Sent::Conflict(Box::new(expected[5].clone()))
+        );
         let fails = [
             Step::new(&expected[3], failure(&expected[3], "HTTP 502", 3, 22)),
             Step::new(&rows[5], failure(&rows[5], "HTTP 500", 3, 23)),
