@@ -158,7 +158,7 @@ pub(crate) async fn scenario_on(
             .execute_unprepared(&format!(
                 "ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS aggregate_key text \
                  GENERATED ALWAYS AS ('agg-' || (id % {a})) STORED; \
-                 CREATE INDEX IF NOT EXISTS {TABLE}_aggregate ON {TABLE} (aggregate_key, status, id)",
+                 CREATE INDEX IF NOT EXISTS {TABLE}_aggregate ON {TABLE} (aggregate_key, id)",
                 a = crate::kafka::AGGREGATES
             ))
             .await

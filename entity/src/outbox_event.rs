@@ -43,11 +43,11 @@ pub struct Model {
 pub struct Sequence {
     /// The aggregate column's value as text; `None`: the row has none (not ordered).
     pub aggregate: Option<String>,
-    /// The newest earlier event of the aggregate that holds this one back
-    /// (`pending`, or `failed` under `on_failed = "hold"`).
+    /// The aggregate's event just before this one, when it holds this one
+    /// back (`pending`, or `failed` under `on_failed = "hold"`).
     pub behind: Option<i64>,
-    /// The aggregate's oldest later event still `pending`.
-    pub next_pending: Option<i64>,
+    /// The aggregate's next event (the smallest larger id), whatever its status.
+    pub next: Option<i64>,
 }
 
 /// The payload column as text, exactly as the database returns it: the

@@ -842,7 +842,7 @@ impl Scheduler {
             self.next_serial += 1;
             self.running += 1;
             self.running_bytes += bytes;
-            let next = row.sequence.as_ref().and_then(|s| s.next_pending);
+            let next = row.sequence.as_ref().and_then(|s| s.next);
             self.work.insert(
                 row.id,
                 Work::Running {

@@ -67,17 +67,22 @@ impl Store {
             Expr::cust(format!("CAST({t}.{c} AS {text})")),
             Alias::new("sequence_aggregate"),
         );
+        // Each one probe of the index on (column, id): the aggregate's
+        // event just before this one, and just after it. The one before
+        // is enough: an event is sent only once the one before it is, so
+        // behind a sent event every earlier one is sent too (a resend
+        // applies to failed events only).
         stmt.expr_as(
             Expr::cust(format!(
-                "(SELECT max(b.id) FROM {t} b WHERE b.{c} = {t}.{c} AND b.id < {t}.id \
-                 AND b.status IN {held_by})"
+                "(SELECT CASE WHEN b.status IN {held_by} THEN b.id END FROM {t} b \
+                 WHERE b.{c} = {t}.{c} AND b.id < {t}.id ORDER BY b.id DESC LIMIT 1)"
             )),
             Alias::new("sequence_behind"),
         );
         stmt.expr_as(
             Expr::cust(format!(
-                "(SELECT min(n.id) FROM {t} n WHERE n.{c} = {t}.{c} AND n.id > {t}.id \
-                 AND n.status = 'pending')"
+                "(SELECT n.id FROM {t} n WHERE n.{c} = {t}.{c} AND n.id > {t}.id \
+                 ORDER BY n.id LIMIT 1)"
             )),
             Alias::new("sequence_next"),
         );
@@ -89,7 +94,7 @@ impl Store {
         Some(Sequence {
             aggregate: r.try_get_by_index::<Option<String>>(at).ok().flatten(),
             behind: r.try_get_by_index::<Option<i64>>(at + 1).ok().flatten(),
-            next_pending: r.try_get_by_index::<Option<i64>>(at + 2).ok().flatten(),
+            next: r.try_get_by_index::<Option<i64>>(at + 2).ok().flatten(),
         })
     }
 
@@ -261,16 +266,16 @@ impl Store {
         if self.has_index_on(&o.column).await? != Some(false) {
             return Ok(None);
         }
-        let name = format!("index_{}_on_{}_status_id", self.table(), o.column);
+        let name = format!("index_{}_on_{}_id", self.table(), o.column);
         let c = self.quote_ident(&o.column);
         Ok(Some(match self.backend() {
             DbBackend::Postgres => format!(
-                "CREATE INDEX CONCURRENTLY {} ON {} ({c}, status, id)",
+                "CREATE INDEX CONCURRENTLY {} ON {} ({c}, id)",
                 quoted(&name),
                 self.quoted_table()
             ),
             _ => format!(
-                "CREATE INDEX `{}` ON {} ({c}, status, id)",
+                "CREATE INDEX `{}` ON {} ({c}, id)",
                 name.replace('`', "``"),
                 self.quoted_table()
             ),
