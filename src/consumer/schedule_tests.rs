@@ -632,7 +632,7 @@ fn in_line(id: i64, behind: Option<i64>, next: Option<i64>) -> RowRead {
     r.sequence = Some(entity::Sequence {
         aggregate: Some("a".into()),
         behind,
-        next: next,
+        next,
     });
     RowRead::Row(r)
 }
