@@ -536,3 +536,119 @@ async fn an_event_whose_announcement_was_lost_is_announced_by_the_sweep() {
     assert_eq!(t.receiver.for_id(lost).len(), 1);
     t.stop().await;
 }
+
+/// Inserts a pending event named `name` of `aggregate`.
+async fn insert_named(t: &TestApp, name: &str, aggregate: &str) -> i64 {
+    let stmt = Statement::from_sql_and_values(
+        sea_orm::DbBackend::Postgres,
+        format!(
+            "INSERT INTO {} (event_name, payload, status, attempts, created_at, updated_at, \
+             aggregate_key) VALUES ($1, '{{\"n\": 1}}', 'pending', 0, \
+             now() AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC', $2) RETURNING id",
+            t.store.table()
+        ),
+        [name.into(), aggregate.into()],
+    );
+    let row = t
+        .store
+        .connection()
+        .query_one_raw(stmt)
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get("", "id").unwrap()
+}
+
+#[tokio::test]
+async fn under_skip_a_failed_event_lets_its_aggregate_go_on_in_order() {
+    let head = Arc::new(std::sync::atomic::AtomicI64::new(-1));
+    let receiver = {
+        let head = head.clone();
+        Receiver::start(move |r| {
+            ResponseTemplate::new(if r.id == head.load(Ordering::SeqCst) {
+                500
+            } else {
+                200
+            })
+        })
+        .await
+    };
+    let mut t = ordered_app(receiver, "on_failed = \"skip\"\n").await;
+    let db = t.store.connection().clone();
+    let table = t.store.table().to_owned();
+    let first = insert_in(&db, &table, "a").await;
+    head.store(first, Ordering::SeqCst);
+    let mut later = Vec::new();
+    for _ in 0..5 {
+        later.push(insert_in(&db, &table, "a").await);
+    }
+    t.start().await;
+    for &id in &later {
+        t.wait_status(id, Status::Sent, T).await;
+    }
+    assert_eq!(t.row(first).await.status, Status::Failed);
+    // Each later event went only after the failed one had ended, in order.
+    let mut all = vec![first];
+    all.extend(&later);
+    let ids: Vec<i64> = t.receiver.requests().iter().map(|r| r.id).collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    assert_eq!(ids, sorted, "POSTs in id order: {ids:?}");
+    assert_eq!(ids.iter().filter(|&&id| id == first).count(), 3);
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn an_event_behind_a_paused_dispatcher_s_event_waits_for_its_resume() {
+    // Two dispatchers; the aggregate's first event is the paused one's.
+    let receiver = Receiver::accepting().await;
+    let url = receiver.url();
+    let extra = format!(
+        "[dispatchers.billing]\nurl = \"{url}\"\nevents = [\"billing.invoice_issued\"]\n\
+         timeout = \"2s\"\n"
+    );
+    let mut t = prepare_on(
+        Kafka::start(),
+        Options {
+            extra_toml: format!("{ORDERING}{extra}"),
+            dispatch_toml: "pause_refresh = \"200ms\"".into(),
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    add_aggregate_column(&t).await;
+    let caller =
+        outbox_sidecar::store::history::Caller::new(outbox_sidecar::store::history::Via::Cli, None);
+    t.store.pause("billing", &caller).await.unwrap();
+    t.start().await;
+    let billed = insert_named(&t, "billing.invoice_issued", "a").await;
+    let after = insert_in(t.store.connection(), t.store.table(), "a").await;
+    let other = insert_in(t.store.connection(), t.store.table(), "b").await;
+    t.wait_status(other, Status::Sent, T).await;
+    let base = t.admin_url("");
+    eventually("both events of a parked", T, || async {
+        (metric(&base, "outbox_ordering_parked_total").await? >= 1.0).then_some(())
+    })
+    .await;
+    assert!(t.receiver.for_id(billed).is_empty());
+    assert!(
+        t.receiver.for_id(after).is_empty(),
+        "sent behind a paused event"
+    );
+    assert_eq!(t.row(after).await.attempts, 0);
+    let dispatchers = t.settings(&t.group).dispatcher_events();
+    outbox_sidecar::operator::resume(&t.store, &dispatchers, "billing")
+        .await
+        .unwrap();
+    t.wait_status(after, Status::Sent, T).await;
+    let ids: Vec<i64> = t
+        .receiver
+        .requests()
+        .iter()
+        .map(|r| r.id)
+        .filter(|id| *id != other)
+        .collect();
+    assert_eq!(ids, vec![billed, after]);
+    t.stop().await;
+}
