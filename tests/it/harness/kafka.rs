@@ -13,10 +13,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::Client;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
+use rdkafka::types::RDKafkaType;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 pub use super::tansu::Tansu;
@@ -74,10 +76,56 @@ pub fn describe() -> String {
 }
 
 pub struct Kafka {
+    /// Declared before `mock_owner`: dropped before the client it borrows.
     pub cluster: Option<MockCluster<'static, DefaultProducerContext>>,
+    /// The client that owns the mock cluster of [`Kafka::start`] (the
+    /// cluster is borrowed from it; see [`mock_without_join_delay`]).
+    pub mock_owner: Option<Box<Client<DefaultProducerContext>>>,
     /// The test's own tansu process when the run is on tansu.
     pub tansu: Option<Tansu>,
     pub brokers: String,
+}
+
+/// A one-broker mock cluster whose `group.initial.rebalance.delay.ms` is
+/// 0 (the mock, like Apache Kafka, waits 3 s by default before it assigns
+/// the first member of an empty group; a broker setting, not a client's,
+/// so the sidecar's join is the same, only sooner). The cluster is created
+/// by a client configured with `test.mock.num.brokers` (librdkafka's way
+/// of reaching the cluster's handle to set it) and borrowed from it.
+fn mock_without_join_delay() -> Kafka {
+    let mut config = ClientConfig::new();
+    config.set("test.mock.num.brokers", "1");
+    let native = config
+        .create_native_config()
+        .expect("mock cluster client config");
+    let owner = Box::new(
+        Client::new(
+            &config,
+            native,
+            RDKafkaType::RD_KAFKA_PRODUCER,
+            DefaultProducerContext,
+        )
+        .expect("start librdkafka's mock cluster"),
+    );
+    // SAFETY: the handle belongs to `owner`, alive for this call.
+    unsafe {
+        let handle = rdkafka::bindings::rd_kafka_handle_mock_cluster(owner.native_ptr());
+        assert!(!handle.is_null(), "the client has no mock cluster");
+        rdkafka::bindings::rd_kafka_mock_group_initial_rebalance_delay_ms(handle, 0);
+    }
+    let cluster = owner.mock_cluster().expect("the client's mock cluster");
+    // SAFETY: the cluster borrows the boxed client, which does not move
+    // and is dropped after it (field order of `Kafka`; `TestApp`'s drop
+    // forgets both together).
+    let cluster: MockCluster<'static, DefaultProducerContext> =
+        unsafe { std::mem::transmute(cluster) };
+    let brokers = cluster.bootstrap_servers();
+    Kafka {
+        cluster: Some(cluster),
+        mock_owner: Some(owner),
+        tansu: None,
+        brokers,
+    }
 }
 
 pub fn unique(prefix: &str) -> String {
@@ -94,6 +142,7 @@ impl Kafka {
     pub fn start() -> Kafka {
         let external = |brokers: String| Kafka {
             cluster: None,
+            mock_owner: None,
             tansu: None,
             brokers,
         };
@@ -106,6 +155,7 @@ impl Kafka {
             let tansu = Tansu::start();
             return Kafka {
                 cluster: None,
+                mock_owner: None,
                 brokers: tansu.bootstrap(),
                 tansu: Some(tansu),
             };
@@ -115,7 +165,7 @@ impl Kafka {
             Source::Container => return external(db::kafka_container().to_owned()),
             Source::Local => {}
         }
-        Kafka::mock(MockCluster::new(1).expect("start librdkafka's mock cluster"))
+        mock_without_join_delay()
     }
 
     /// A `Kafka` on a mock cluster the caller built.
@@ -123,6 +173,7 @@ impl Kafka {
         let brokers = cluster.bootstrap_servers();
         Kafka {
             cluster: Some(cluster),
+            mock_owner: None,
             tansu: None,
             brokers,
         }

@@ -310,6 +310,9 @@ impl Drop for TestApp {
             if let Some(cluster) = self.kafka.cluster.take() {
                 std::mem::forget(cluster);
             }
+            if let Some(owner) = self.kafka.mock_owner.take() {
+                std::mem::forget(owner);
+            }
             if let Some(tansu) = self.kafka.tansu.take() {
                 std::mem::forget(tansu);
             }
