@@ -278,7 +278,7 @@ impl EventView {
 }
 
 /// The query parameters of `GET /admin/events`.
-const LIST_PARAMS: &[&str] = &["status", "event_name", "limit", "before"];
+const LIST_PARAMS: &[&str] = &["status", "event_name", "limit", "before", "held"];
 
 fn parse_status(s: Option<&str>) -> Result<Option<Status>, Box<Response>> {
     s.map(|s| s.parse::<Status>())
@@ -293,9 +293,10 @@ async fn list_events(State(state): State<AdminState>, RawQuery(raw): RawQuery) -
             p.text("event_name")?,
             p.number::<u64>("limit", "a number of events")?,
             p.number::<i64>("before", "an event id")?,
+            p.flag("held")?.unwrap_or(false),
         ))
     });
-    let (status_text, event_name, limit, before) = match parsed {
+    let (status_text, event_name, limit, before, held) = match parsed {
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
@@ -303,12 +304,19 @@ async fn list_events(State(state): State<AdminState>, RawQuery(raw): RawQuery) -
         Ok(s) => s,
         Err(r) => return *r,
     };
+    if held && state.store.ordering().is_none() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "held: ordering is off ([ordering] column is not set)".to_owned(),
+        );
+    }
     let limit = limit.unwrap_or(DEFAULT_LIST_LIMIT).min(10_000);
     let filter = ListFilter {
         status,
         event_name: event_name.clone(),
         limit: Some(limit),
         before,
+        held,
         ..ListFilter::default()
     };
     match state.store.list(&filter).await {
@@ -325,6 +333,9 @@ async fn list_events(State(state): State<AdminState>, RawQuery(raw): RawQuery) -
                     }
                     if let Some(n) = &event_name {
                         query.append_pair("event_name", n);
+                    }
+                    if held {
+                        query.append_pair("held", "true");
                     }
                     query.append_pair("limit", &limit.to_string());
                     query.append_pair("before", &last.id.to_string());

@@ -849,6 +849,8 @@ async fn admin_typos_are_refused_and_change_nothing() {
         ("POST", "/admin/events/retry", Some("dry_run=true"), "the admin API takes its parameters in the query string"),
         ("GET", "/admin/events?state=failed", None, "unknown query parameter `state`; expected one of: status, event_name, limit, before"),
         ("GET", "/admin/events?limit=ten", None, "query parameter `limit`: expected a number of events, not \"ten\""),
+        ("GET", "/admin/events?held=true", None, "held: ordering is off ([ordering] column is not set)"),
+        ("GET", "/admin/events?held=yes", None, "`held`: expected `true` or `false`, not \"yes\""),
         ("GET", "/admin/dispatchers?verbose=true", None, "unknown query parameter `verbose`: this route takes none"),
         ("POST", "/admin/events/retrigger?id=1", None, "unknown query parameter `id`; expected one of: ids, pending_older_than, event_name"),
         ("POST", "/admin/dispatchers/accounts/pause?reason=deploy", None, "unknown query parameter `reason`; expected one of: label"),

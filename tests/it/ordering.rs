@@ -288,6 +288,21 @@ async fn a_failed_head_holds_only_its_aggregate_until_it_is_resent_and_sent() {
         .collect();
     first_cells.sort_unstable();
     assert_eq!(first_cells, held, "{listed}");
+    // The admin API's list, and its refusal of a flag it cannot honour.
+    let api = reqwest::Client::new();
+    let token = t.opts.admin_token.unwrap();
+    let got: Vec<serde_json::Value> = api
+        .get(t.api_url("/admin/events?held=true"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut api_ids: Vec<i64> = got.iter().map(|e| e["id"].as_i64().unwrap()).collect();
+    api_ids.sort_unstable();
+    assert_eq!(api_ids, held, "GET /admin/events?held=true");
     let http = crate::console::no_redirects();
     let (cookie, _) = crate::console::signed_in(&t, &http).await;
     let page = http
