@@ -329,30 +329,30 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     if o.scale_only {
         return scale(env, sheet, run, forward).await;
     }
-    if o.ordering_pair {
-        // S1 beside S1 ordered per aggregate (1,000 aggregates), in turn
-        // forwards and backwards.
-        let ordered = Setup {
-            ordered: true,
-            ..base
-        };
-        let mut pair = [(S1, base), (S1_ORDERED, ordered)];
-        if !forward {
-            pair.reverse();
-        }
-        for (label, setup) in pair {
-            backlog(env, sheet, run, label, false, true, setup, n).await?;
-        }
-        return Ok(());
-    }
-    if o.trace_pair {
-        // S1 beside S1 with trace context read and sent (no exporter),
-        // in turn forwards and backwards.
-        let traced = Setup {
-            traced: true,
-            ..base
-        };
-        let mut pair = [(S1, base), (S1_TRACED, traced)];
+    // A pair: S1 beside a variant of it (ordered per aggregate, or with
+    // trace context read and sent, no exporter), in turn forwards and
+    // backwards.
+    let variant = if o.ordering_pair {
+        Some((
+            S1_ORDERED,
+            Setup {
+                ordered: true,
+                ..base
+            },
+        ))
+    } else if o.trace_pair {
+        Some((
+            S1_TRACED,
+            Setup {
+                traced: true,
+                ..base
+            },
+        ))
+    } else {
+        None
+    };
+    if let Some(variant) = variant {
+        let mut pair = [(S1, base), variant];
         if !forward {
             pair.reverse();
         }

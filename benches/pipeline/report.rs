@@ -172,36 +172,33 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
         }
         return out;
     }
-    if opts.ordering_pair {
+    // The pairs: a variant of S1 beside S1, its rate as a ratio per pair.
+    let pair = match (opts.ordering_pair, opts.trace_pair) {
+        (true, _) => Some((
+            super::S1_ORDERED,
+            "S1 ordered per aggregate (1,000 aggregates): events/s ÷ S1's beside it",
+            0.70,
+            "goal ≥ 0.70 (issue #32)",
+        )),
+        (false, true) => Some((
+            super::S1_TRACED,
+            "S1 with a traceparent column, no exporter: events/s ÷ S1's beside it",
+            0.95,
+            "goal ≥ 0.95 (issue #34: within 5 % of S1)",
+        )),
+        (false, false) => None,
+    };
+    if let Some((variant, what, bound, goal)) = pair {
         let rate = |label: &str| format!("{label}: events/s end to end");
-        let pairs = per_run(sheet, &[&rate(super::S1_ORDERED), &rate(super::S1)], |v| {
-            v[0] / v[1]
-        });
+        let pairs = per_run(sheet, &[&rate(variant), &rate(super::S1)], |v| v[0] / v[1]);
         line(
             &mut out,
             super::verdict::goal_line(
-                "S1 ordered per aggregate (1,000 aggregates): events/s ÷ S1's beside it",
+                what,
                 &pairs,
-                super::verdict::Bound::AtLeast(0.70),
+                super::verdict::Bound::AtLeast(bound),
                 super::verdict::Shown::Times(3),
-                "goal ≥ 0.70 (issue #32)",
-            ),
-        );
-        return out;
-    }
-    if opts.trace_pair {
-        let rate = |label: &str| format!("{label}: events/s end to end");
-        let pairs = per_run(sheet, &[&rate(super::S1_TRACED), &rate(super::S1)], |v| {
-            v[0] / v[1]
-        });
-        line(
-            &mut out,
-            super::verdict::goal_line(
-                "S1 with a traceparent column, no exporter: events/s ÷ S1's beside it",
-                &pairs,
-                super::verdict::Bound::AtLeast(0.95),
-                super::verdict::Shown::Times(3),
-                "goal ≥ 0.95 (issue #34: within 5 % of S1)",
+                goal,
             ),
         );
         return out;

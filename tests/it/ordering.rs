@@ -110,6 +110,21 @@ async fn ordered_app(receiver: Receiver, extra: &str) -> TestApp {
     t
 }
 
+/// `events list --held`'s ids, newest first.
+async fn held_ids(store: &outbox_sidecar::store::Store) -> Vec<i64> {
+    let filter = ListFilter {
+        held: true,
+        ..ListFilter::default()
+    };
+    store
+        .list(&filter)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect()
+}
+
 /// The test's store as the sidecar configured with `[ordering]` sees it.
 fn ordered_store(t: &TestApp) -> outbox_sidecar::store::Store {
     t.store
@@ -249,17 +264,7 @@ async fn a_failed_head_holds_only_its_aggregate_until_it_is_resent_and_sent() {
         3,
         "the head used its 3 attempts"
     );
-    let listed: Vec<i64> = ordered
-        .list(&ListFilter {
-            held: true,
-            ..ListFilter::default()
-        })
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.id)
-        .rev()
-        .collect();
+    let listed: Vec<i64> = held_ids(&ordered).await.into_iter().rev().collect();
     assert_eq!(listed, held, "events list --held");
     // The operator's views: the command line and the console.
     let cli = |args: &[&str]| {
@@ -463,16 +468,7 @@ async fn the_ordering_queries_agree_on_postgresql_mariadb_and_sqlite() {
             Some((1, 2)),
             "{backend:?}"
         );
-        let held: Vec<i64> = hold
-            .list(&ListFilter {
-                held: true,
-                ..ListFilter::default()
-            })
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.id)
-            .collect();
+        let held = held_ids(&hold).await;
         assert_eq!(held, vec![a4, a3], "{backend:?}");
         // The sweep touches what nothing holds (b1), not a3/a4 (behind the
         // failed a2) nor the unordered row.
