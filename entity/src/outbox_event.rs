@@ -46,8 +46,6 @@ pub struct Sequence {
     /// The aggregate's event just before this one, when it holds this one
     /// back (`pending`, or `failed` under `on_failed = "hold"`).
     pub behind: Option<i64>,
-    /// The aggregate's next event (the smallest larger id), whatever its status.
-    pub next: Option<i64>,
 }
 
 /// The payload column as text, exactly as the database returns it: the

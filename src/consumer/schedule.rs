@@ -97,6 +97,13 @@ pub struct Pos {
 pub struct Expect {
     pub attempts: Option<i32>,
     pub updated_at: Option<NaiveDateTime>,
+    /// The event is the row's insert, on its aggregate's partition
+    /// (`[ordering]`): every later event of the aggregate comes after it
+    /// on that partition, so none can have been parked behind the row
+    /// before it is decided here. Any other event (an update: a resend, a
+    /// resume, an announcement; or an insert not keyed by the aggregate)
+    /// may have later events parked behind it.
+    pub created: bool,
 }
 
 impl From<&Trigger> for Expect {
@@ -104,6 +111,7 @@ impl From<&Trigger> for Expect {
         Expect {
             attempts: t.attempts,
             updated_at: t.updated_at,
+            created: t.op == crate::cdc::Op::Create,
         }
     }
 }
@@ -156,13 +164,8 @@ enum Work {
     Recheck,
     /// Read pending; in the ready queue.
     Ready,
-    /// A job runs: which one, the payload bytes it holds, and its
-    /// aggregate's next pending event as read with the row (`[ordering]`).
-    Running {
-        serial: u64,
-        bytes: usize,
-        next: Option<i64>,
-    },
+    /// A job runs: which one, and the payload bytes it holds.
+    Running { serial: u64, bytes: usize },
 }
 
 /// A job the driver must start.
@@ -271,9 +274,12 @@ pub struct Scheduler {
     /// Ids whose aggregate's next pending event must be announced again
     /// (the driver's to carry out).
     announce: Vec<i64>,
-    /// Ids an event parked behind here: when they end, the aggregate's
-    /// next pending event is announced whatever was read with them.
-    woken_by: HashSet<i64>,
+    /// Ids after which, once they are sent (or fail under `on_failed =
+    /// "skip"`), the aggregate's next pending event must be announced
+    /// again: an event was parked behind them here, or they were decided
+    /// on an event other than their insert on their aggregate's partition
+    /// (see [`Expect::created`]), so one may have been parked elsewhere.
+    announce_after: HashSet<i64>,
 }
 
 /// An aggregate's line: one event decided at a time, in arrival order.
@@ -313,7 +319,7 @@ impl Scheduler {
             aggregate_of: HashMap::new(),
             aggregate_queued: 0,
             announce: Vec::new(),
-            woken_by: HashSet::new(),
+            announce_after: HashSet::new(),
         }
     }
 
@@ -436,7 +442,12 @@ impl Scheduler {
 
     /// A change event announcing a pending row.
     pub fn trigger(&mut self, trigger: &Trigger, pos: Pos) {
-        self.admit(trigger.id, pos, Expect::from(trigger));
+        let expect = Expect {
+            // Not on its aggregate's partition, or not ordered.
+            created: false,
+            ..Expect::from(trigger)
+        };
+        self.admit(trigger.id, pos, expect);
     }
 
     /// A change event announcing a pending row of `aggregate`
@@ -506,19 +517,20 @@ impl Scheduler {
         }
     }
 
-    /// Whether `id`'s aggregate has `next` first in its line here.
-    fn next_in_line(&self, id: i64, next: i64) -> bool {
-        self.aggregate_of
-            .get(&id)
-            .and_then(|key| self.aggregates.get(key))
-            .and_then(|line| line.queue.front())
-            .is_some_and(|(first, _, _)| *first == next)
-    }
-
     /// Ids whose aggregate's next pending event the driver must announce
     /// again (touch), so an event parked behind them is decided.
     pub fn take_announcements(&mut self) -> Vec<i64> {
         std::mem::take(&mut self.announce)
+    }
+
+    /// Announces `id`'s aggregate's next pending event once `id` is sent.
+    fn announce_after_ends(&mut self, id: i64) {
+        if self.announce_after.len() >= MAX_AGGREGATE_QUEUED {
+            // Ids that never ran here (a failed event never resent):
+            // forgetting them costs the sweep's touch, a minute later.
+            self.announce_after.clear();
+        }
+        self.announce_after.insert(id);
     }
 
     /// Triggers waiting in aggregates' lines.
@@ -730,18 +742,17 @@ impl Scheduler {
                     behind, "an earlier event of its aggregate is not sent yet: left pending"
                 );
                 if let Some(b) = behind {
-                    if self.woken_by.len() >= MAX_AGGREGATE_QUEUED {
-                        // Ids that never ran here (a failed event never
-                        // resent): forgetting them costs only a touch.
-                        self.woken_by.clear();
-                    }
-                    self.woken_by.insert(b);
+                    self.announce_after_ends(b);
                 }
                 self.finish(&w.pos);
                 self.free(w.id);
                 return;
             }
             Some(RowRead::Row(row)) if row.status == Status::Pending => {
+                if !w.expect.created && row.sequence.as_ref().is_some_and(|s| s.aggregate.is_some())
+                {
+                    self.announce_after_ends(row.id);
+                }
                 let bytes = payload_bytes(&row.payload);
                 self.work.insert(w.id, Work::Ready);
                 self.ready_bytes += bytes;
@@ -842,15 +853,7 @@ impl Scheduler {
             self.next_serial += 1;
             self.running += 1;
             self.running_bytes += bytes;
-            let next = row.sequence.as_ref().and_then(|s| s.next);
-            self.work.insert(
-                row.id,
-                Work::Running {
-                    serial,
-                    bytes,
-                    next,
-                },
-            );
+            self.work.insert(row.id, Work::Running { serial, bytes });
             out.push(Start { row, pos, serial });
         }
         out
@@ -865,7 +868,8 @@ impl Scheduler {
     /// As [`Self::job_ended`]; `unblocks`: the event ended as lets its
     /// aggregate's later events go (`sent`; `failed` under `on_failed =
     /// "skip"`). Its aggregate's next pending event is then announced
-    /// again unless it is next in line here: it may have been parked.
+    /// again when one may have been parked behind it (see
+    /// [`Expect::created`]).
     pub fn job_ended_in(
         &mut self,
         id: i64,
@@ -880,23 +884,11 @@ impl Scheduler {
         if finished {
             self.finish(pos);
         }
-        if let Some(&Work::Running {
-            serial: s,
-            bytes,
-            next,
-        }) = self.work.get(&id)
-        {
+        if let Some(&Work::Running { serial: s, bytes }) = self.work.get(&id) {
             if s == serial {
                 self.running_bytes -= bytes;
-                let woke = self.woken_by.remove(&id);
-                if unblocks {
-                    let announce = match next {
-                        Some(next) => !self.next_in_line(id, next),
-                        None => woke,
-                    };
-                    if announce {
-                        self.announce.push(id);
-                    }
+                if self.announce_after.remove(&id) && unblocks {
+                    self.announce.push(id);
                 }
                 self.free(id);
             }

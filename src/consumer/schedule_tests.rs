@@ -239,6 +239,7 @@ fn a_row_older_than_its_event_is_read_again() {
     let older = Expect {
         attempts: Some(2),
         updated_at: None,
+        created: false,
     };
     assert!(older.is_newer_than(&row(3, Status::Pending, 1, 0)));
     assert!(!older.is_newer_than(&row(3, Status::Failed, 3, 0)));
@@ -627,14 +628,21 @@ fn dead_letter_bytes_are_bounded_within_max_buffered_bytes() {
 
 // ---- `[ordering]`: one aggregate's events one at a time ----
 
-fn in_line(id: i64, behind: Option<i64>, next: Option<i64>) -> RowRead {
+fn in_line(id: i64, behind: Option<i64>) -> RowRead {
     let mut r = row(id, Status::Pending, 0, 0);
     r.sequence = Some(entity::Sequence {
         aggregate: Some("a".into()),
         behind,
-        next,
     });
     RowRead::Row(r)
+}
+
+/// An update event of `id` (a resend, a resume, an announcement).
+fn touched(id: i64, updated_ms: i64) -> Trigger {
+    Trigger {
+        op: Op::Update,
+        ..trig(id, 0, updated_ms)
+    }
 }
 
 impl Harness {
@@ -661,7 +669,7 @@ fn an_aggregate_decides_one_event_at_a_time_and_a_retry_does_not_let_the_next_st
     assert_eq!(ids, vec![1, 9], "event 2 waits in a's line; b goes on");
     assert_eq!(h.s.aggregate_queued(), 1);
     for r in reads {
-        let rows = r.ids.iter().map(|&id| in_line(id, None, None)).collect();
+        let rows = r.ids.iter().map(|&id| in_line(id, None)).collect();
         h.s.rows_read(r.ticket, Ok(rows), h.now);
     }
     let starts = h.s.take_starts(0, 0);
@@ -689,7 +697,7 @@ fn an_aggregate_decides_one_event_at_a_time_and_a_retry_does_not_let_the_next_st
     h.s.finish(&echo);
     let r = h.reads_due();
     assert_eq!(r[0].ids, vec![2], "now event 2");
-    h.s.rows_read(r[0].ticket, Ok(vec![in_line(2, None, None)]), h.now);
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(2, None)]), h.now);
     let starts = h.s.take_starts(0, 0);
     assert_eq!(starts[0].row.id, 2);
     h.s.job_ended_in(2, starts[0].serial, &p2, true, true, h.now);
@@ -706,7 +714,7 @@ fn an_event_behind_a_failed_one_is_parked_and_its_message_finished() {
     h.ordered(0, 1, &trig(2, 0, 0), "a");
     h.ordered(0, 2, &trig(3, 0, 0), "a");
     let r = h.reads_due();
-    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None, Some(2))]), h.now);
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
     let start = h.s.take_starts(0, 0).remove(0);
     // 1 ends failed under "hold": it does not let 2 and 3 go.
     h.s.job_ended_in(1, start.serial, &p1, true, false, h.now);
@@ -714,7 +722,7 @@ fn an_event_behind_a_failed_one_is_parked_and_its_message_finished() {
     for id in [2, 3] {
         let r = h.reads_due();
         assert_eq!(r[0].ids, vec![id]);
-        h.s.rows_read(r[0].ticket, Ok(vec![in_line(id, Some(1), None)]), h.now);
+        h.s.rows_read(r[0].ticket, Ok(vec![in_line(id, Some(1))]), h.now);
         assert!(
             h.s.take_starts(0, 0).is_empty(),
             "{id} is held, not started"
@@ -732,23 +740,37 @@ fn an_event_behind_a_failed_one_is_parked_and_its_message_finished() {
 #[test]
 fn a_resent_head_that_is_sent_announces_the_events_parked_behind_it() {
     let mut h = Harness::new(8);
-    // 2 and 3 were parked behind 1 (failed); 1 is resent: its change event
-    // arrives, it is read with its next pending event (2, not in line
-    // here), sent, and 2 must be announced again.
-    let p1 = h.ordered(0, 0, &trig(1, 0, 0), "a");
+    // 2 and 3 were parked behind 1 (failed), maybe by another replica; 1 is
+    // resent: its change event (an update) arrives, it is read and sent,
+    // and its aggregate's next pending event must be announced again.
+    let p1 = h.ordered(0, 0, &touched(1, 0), "a");
     let r = h.reads_due();
-    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None, Some(2))]), h.now);
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
     let start = h.s.take_starts(0, 0).remove(0);
     h.s.job_ended_in(1, start.serial, &p1, true, true, h.now);
     assert_eq!(h.s.take_announcements(), vec![1]);
-    // With 2 next in line here, no announcement is needed.
+    // Decided on its insert on the aggregate's partition, nothing can have
+    // been parked behind 4: its later events come after it there.
     let p4 = h.ordered(0, 1, &trig(4, 0, 0), "c");
-    h.ordered(0, 2, &trig(5, 0, 0), "c");
     let r = h.reads_due();
-    h.s.rows_read(r[0].ticket, Ok(vec![in_line(4, None, Some(5))]), h.now);
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(4, None)]), h.now);
     let start = h.s.take_starts(0, 0).remove(0);
     h.s.job_ended_in(4, start.serial, &p4, true, true, h.now);
     assert!(h.s.take_announcements().is_empty());
+    // A resent head that fails again (under "hold") announces nothing;
+    // sent at its next resend, it does.
+    let p5 = h.ordered(0, 2, &touched(5, 0), "d");
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(5, None)]), h.now);
+    let start = h.s.take_starts(0, 0).remove(0);
+    h.s.job_ended_in(5, start.serial, &p5, true, false, h.now);
+    assert!(h.s.take_announcements().is_empty());
+    let p5 = h.ordered(0, 3, &touched(5, 0), "d");
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(5, None)]), h.now);
+    let start = h.s.take_starts(0, 0).remove(0);
+    h.s.job_ended_in(5, start.serial, &p5, true, true, h.now);
+    assert_eq!(h.s.take_announcements(), vec![5]);
 }
 
 #[test]
@@ -757,10 +779,10 @@ fn an_event_parked_behind_a_running_one_is_announced_when_that_one_is_sent() {
     // Unkeyed (no line here): 7 runs, 8 is read meanwhile and waits
     // behind 7 in the database; 7 was read before 8 existed.
     let p7 = h.message(0, &trig(7, 0, 0));
-    h.answer(vec![in_line(7, None, None)]);
+    h.answer(vec![in_line(7, None)]);
     let start = h.s.take_starts(0, 0).remove(0);
     h.message(1, &trig(8, 0, 0));
-    h.answer(vec![in_line(8, Some(7), None)]);
+    h.answer(vec![in_line(8, Some(7))]);
     h.s.job_ended_in(7, start.serial, &p7, true, true, h.now);
     assert_eq!(h.s.take_announcements(), vec![7]);
 }
@@ -774,7 +796,7 @@ fn a_revoke_mid_aggregate_drops_its_line_and_the_next_owner_replays_it() {
     h.ordered(0, 1, &trig(10, 0, 0), "b");
     let r = h.reads_due();
     for r in r {
-        let rows = r.ids.iter().map(|&id| in_line(id, None, None)).collect();
+        let rows = r.ids.iter().map(|&id| in_line(id, None)).collect();
         h.s.rows_read(r.ticket, Ok(rows), h.now);
     }
     let starts = h.s.take_starts(0, 0);
@@ -799,7 +821,7 @@ fn an_echo_of_a_later_event_waits_in_line_behind_the_head() {
     let mut h = Harness::new(8);
     let p1 = h.ordered(0, 0, &trig(1, 0, 0), "a");
     let r = h.reads_due();
-    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None, Some(2))]), h.now);
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
     let start = h.s.take_starts(0, 0).remove(0);
     // 2's change event (and a second one for it) arrive while 1 is undecided.
     h.ordered(0, 1, &trig(2, 0, 0), "a");

@@ -22,7 +22,7 @@ pub struct OrderingColumns {
 }
 
 /// How many columns [`Store::add_sequence`] adds.
-pub const SEQUENCE_COLUMNS: usize = 3;
+pub const SEQUENCE_COLUMNS: usize = 2;
 
 impl Store {
     /// Orders each aggregate's events by `columns` (`[ordering]`).
@@ -51,8 +51,8 @@ impl Store {
         }
     }
 
-    /// Adds the row's aggregate (as text), the event it waits behind and
-    /// its aggregate's next pending event to `stmt` (a select of the
+    /// Adds the row's aggregate (as text) and the event it waits behind
+    /// to `stmt` (a select of the
     /// table, not aliased), after its other columns.
     pub(super) fn add_sequence(&self, stmt: &mut SelectStatement) {
         let Some(o) = &self.ordering else { return };
@@ -67,24 +67,16 @@ impl Store {
             Expr::cust(format!("CAST({t}.{c} AS {text})")),
             Alias::new("sequence_aggregate"),
         );
-        // Each one probe of the index on (column, id): the aggregate's
-        // event just before this one, and just after it. The one before
-        // is enough: an event is sent only once the one before it is, so
-        // behind a sent event every earlier one is sent too (a resend
-        // applies to failed events only).
+        // One probe of the index on (column, id): the aggregate's event
+        // just before this one. That one is enough: an event is sent only
+        // once the one before it is, so behind a sent event every earlier
+        // one is sent too (a resend applies to failed events only).
         stmt.expr_as(
             Expr::cust(format!(
                 "(SELECT CASE WHEN b.status IN {held_by} THEN b.id END FROM {t} b \
                  WHERE b.{c} = {t}.{c} AND b.id < {t}.id ORDER BY b.id DESC LIMIT 1)"
             )),
             Alias::new("sequence_behind"),
-        );
-        stmt.expr_as(
-            Expr::cust(format!(
-                "(SELECT n.id FROM {t} n WHERE n.{c} = {t}.{c} AND n.id > {t}.id \
-                 ORDER BY n.id LIMIT 1)"
-            )),
-            Alias::new("sequence_next"),
         );
     }
 
@@ -94,7 +86,6 @@ impl Store {
         Some(Sequence {
             aggregate: r.try_get_by_index::<Option<String>>(at).ok().flatten(),
             behind: r.try_get_by_index::<Option<i64>>(at + 1).ok().flatten(),
-            next: r.try_get_by_index::<Option<i64>>(at + 2).ok().flatten(),
         })
     }
 
