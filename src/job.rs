@@ -333,7 +333,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
             let series = ctx.series(&row.event_name);
             let started_at = crate::store::now();
             let started = Instant::now();
-            let started_wall = std::time::SystemTime::now();
+            let started_wall = ctx.tracer.exports().then(std::time::SystemTime::now);
             let attempt_span = trace.as_ref().map(|t| (t, SpanId::random()));
             let headers = attempt_span.map(|(t, span)| TraceHeaders {
                 traceparent: t.header(span),
@@ -343,7 +343,7 @@ pub async fn run(ctx: Arc<JobContext>, mut row: OutboxEventRow, lease: Arc<Lease
                 .registry
                 .dispatch(&row, attempt, ctx.store.payload_is_json(), headers.as_ref())
                 .await;
-            if let Some((t, span)) = attempt_span {
+            if let (Some((t, span)), Some(started_wall)) = (attempt_span, started_wall) {
                 let (http_status, outcome, error) = match &delivery {
                     Delivery::Delivered { status, .. } => (Some(*status), "success", None),
                     Delivery::Failed { error, status, .. } => {

@@ -89,6 +89,12 @@ impl Tracer {
         self.inner.is_some()
     }
 
+    /// Spans are exported (`[tracing] otlp_endpoint`): without an
+    /// exporter an attempt's span is not even built.
+    pub fn exports(&self) -> bool {
+        self.inner.as_ref().is_some_and(|i| i.tracer.is_some())
+    }
+
     /// The event's trace context: the row's `traceparent`, or a new trace
     /// (a value that is not valid is counted and WARNed). `None` with
     /// tracing off.

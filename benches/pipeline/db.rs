@@ -347,6 +347,25 @@ pub(crate) async fn wal_bytes(store: &Store) -> Result<i64> {
     Ok(row.try_get("", "b")?)
 }
 
+/// Transactions this database has committed or rolled back so far (the
+/// sidecar's statements, the echo queue's and the bench's own reads: each
+/// autocommitted statement is one). PostgreSQL flushes these counters
+/// within a second, so a figure over a run of several seconds is close.
+pub(crate) async fn transactions(store: &Store) -> Result<i64> {
+    let stmt = Statement::from_string(
+        DbBackend::Postgres,
+        "SELECT (xact_commit + xact_rollback)::bigint AS n FROM pg_stat_database \
+         WHERE datname = current_database()"
+            .to_owned(),
+    );
+    let row = store
+        .connection()
+        .query_one_raw(stmt)
+        .await?
+        .ok_or_else(|| anyhow!("no pg_stat_database row"))?;
+    Ok(row.try_get("", "n")?)
+}
+
 /// The highest id in the table (0 when it is empty): a scenario on a table
 /// with history inserts and reads only the rows past it.
 pub(crate) async fn max_id(store: &Store) -> Result<i64> {

@@ -70,6 +70,9 @@ pub(crate) struct ScenarioResult {
     /// WAL the server wrote over the same span as the CPU figures, per
     /// event (the echo queue's writes included).
     pub(crate) wal_per_event: f64,
+    /// Database transactions over the same span, per 1,000 events (how
+    /// well statements batch).
+    pub(crate) xacts_per_1k: f64,
     /// Connections that ended while the sidecar ran (0 while keep-alive
     /// holds: the sidecar's own stop closes the rest).
     pub(crate) closed_while_running: u64,
@@ -209,6 +212,7 @@ pub(crate) async fn scenario_on(
         Scenario::Backlog { .. } => {
             let times = publish_all(&store, &broker, base).await?;
             let wal0 = wal_bytes(&store).await?;
+            let xacts0 = transactions(&store).await?;
             let pg0 = postgres_cpu_ticks();
             let bench0 = self_cpu_ticks();
             let started = Instant::now();
@@ -263,6 +267,7 @@ pub(crate) async fn scenario_on(
             .await;
             let cpu = sidecar.cpu_ticks();
             out.wal_per_event = (wal_bytes(&store).await? - wal0) as f64 / n as f64;
+            out.xacts_per_1k = (transactions(&store).await? - xacts0) as f64 / n as f64 * 1_000.0;
             out.bench_cpu_per_1k =
                 (self_cpu_ticks() - bench0) as f64 / env.ticks_per_s / n as f64 * 1_000.0;
             let pg = postgres_cpu_delta(&pg0);
@@ -456,6 +461,14 @@ pub(crate) fn add_scenario(
             &name("WAL bytes / event (the whole server, echo queue included)"),
             Unit::Count,
             o.wal_per_event,
+            load,
+        );
+    }
+    if o.xacts_per_1k > 0.0 {
+        sheet.add(
+            &name("database transactions / 1,000 events (sidecar and echo queue)"),
+            Unit::Ratio,
+            o.xacts_per_1k,
             load,
         );
     }

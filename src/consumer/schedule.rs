@@ -44,6 +44,10 @@ use super::offsets::PartitionOffsets;
 use crate::cdc::Trigger;
 use crate::metrics::Metrics;
 use crate::store::RowRead;
+use lines::Line;
+pub use lines::MAX_AGGREGATE_QUEUED;
+
+mod lines;
 
 /// How many triggers one row read covers.
 pub const MAX_READ: usize = 512;
@@ -70,11 +74,6 @@ pub const HOLD_MAX: Duration = Duration::from_secs(5);
 /// Jobs waiting out `retry_delay` that may exist per in-flight slot: they
 /// hold no slot, so a row that failed does not hold back fresh ones.
 pub const WAITING_PER_SLOT: usize = 4;
-/// Triggers waiting in aggregates' lines (`[ordering]`) before fetching
-/// holds. They hold no payload (an id and a position each), so a line may
-/// grow long behind an aggregate whose head is retrying without holding
-/// back the partitions' other aggregates.
-pub const MAX_AGGREGATE_QUEUED: usize = 100_000;
 /// Dead-letter sends under way at most before fetching holds (each keeps
 /// its record in memory until the producer delivers or gives up, which a
 /// missing or slow topic makes minutes); their bytes are bounded to an
@@ -282,13 +281,6 @@ pub struct Scheduler {
     announce_after: HashSet<i64>,
 }
 
-/// An aggregate's line: one event decided at a time, in arrival order.
-#[derive(Debug)]
-struct Line {
-    active: i64,
-    queue: VecDeque<(i64, Pos, Expect)>,
-}
-
 impl Scheduler {
     pub fn new(limits: Limits, metrics: Metrics, now: Instant) -> Self {
         Scheduler {
@@ -448,94 +440,6 @@ impl Scheduler {
             ..Expect::from(trigger)
         };
         self.admit(trigger.id, pos, expect);
-    }
-
-    /// A change event announcing a pending row of `aggregate`
-    /// (`[ordering]`): its aggregate decides one event at a time, in the
-    /// order they arrive (Debezium's commit order on the aggregate's
-    /// partition); the others wait in the aggregate's line, holding no
-    /// payload and no read. Other aggregates go on as ever.
-    pub fn trigger_in(&mut self, trigger: &Trigger, pos: Pos, aggregate: Option<&str>) {
-        let Some(aggregate) = aggregate else {
-            return self.trigger(trigger, pos);
-        };
-        if !self.current(&pos) {
-            return;
-        }
-        let id = trigger.id;
-        let expect = Expect::from(trigger);
-        if let Some(line) = self.aggregates.get_mut(aggregate) {
-            if line.active != id {
-                line.queue.push_back((id, pos, expect));
-                self.aggregate_queued += 1;
-                return;
-            }
-        } else if !self.work.contains_key(&id) {
-            let key: Arc<str> = Arc::from(aggregate);
-            self.aggregates.insert(
-                key.clone(),
-                Line {
-                    active: id,
-                    queue: VecDeque::new(),
-                },
-            );
-            self.aggregate_of.insert(id, key);
-        }
-        self.admit(id, pos, expect);
-    }
-
-    /// `id` has no work here any more: if it was its aggregate's active
-    /// event, the next one in the line is decided.
-    fn next_of_aggregate(&mut self, id: i64) {
-        if self.work.contains_key(&id) {
-            return;
-        }
-        let Some(key) = self.aggregate_of.remove(&id) else {
-            return;
-        };
-        loop {
-            let Some(line) = self.aggregates.get_mut(&key) else {
-                return;
-            };
-            let Some((next, pos, expect)) = line.queue.pop_front() else {
-                self.aggregates.remove(&key);
-                return;
-            };
-            self.aggregate_queued -= 1;
-            if !self.current(&pos) {
-                continue;
-            }
-            if let Some(line) = self.aggregates.get_mut(&key) {
-                line.active = next;
-            }
-            self.aggregate_of.insert(next, key.clone());
-            self.admit(next, pos, expect);
-            if self.work.contains_key(&next) {
-                return;
-            }
-            self.aggregate_of.remove(&next);
-        }
-    }
-
-    /// Ids whose aggregate's next pending event the driver must announce
-    /// again (touch), so an event parked behind them is decided.
-    pub fn take_announcements(&mut self) -> Vec<i64> {
-        std::mem::take(&mut self.announce)
-    }
-
-    /// Announces `id`'s aggregate's next pending event once `id` is sent.
-    fn announce_after_ends(&mut self, id: i64) {
-        if self.announce_after.len() >= MAX_AGGREGATE_QUEUED {
-            // Ids that never ran here (a failed event never resent):
-            // forgetting them costs the sweep's touch, a minute later.
-            self.announce_after.clear();
-        }
-        self.announce_after.insert(id);
-    }
-
-    /// Triggers waiting in aggregates' lines.
-    pub fn aggregate_queued(&self) -> usize {
-        self.aggregate_queued
     }
 
     fn admit(&mut self, id: i64, pos: Pos, expect: Expect) {
@@ -732,18 +636,8 @@ impl Scheduler {
                     && row.sequence.as_ref().is_some_and(|s| s.behind.is_some()) =>
             {
                 // `[ordering]`: an earlier event of its aggregate is not
-                // sent yet. Parked: no attempt used, the row stays pending,
-                // its message is finished; it is announced again when the
-                // one before it is sent.
-                let behind = row.sequence.as_ref().and_then(|s| s.behind);
-                self.metrics.ordering_parked_total.inc();
-                debug!(
-                    id = w.id,
-                    behind, "an earlier event of its aggregate is not sent yet: left pending"
-                );
-                if let Some(b) = behind {
-                    self.announce_after_ends(b);
-                }
+                // sent yet.
+                self.park_behind(w.id, row.sequence.as_ref().and_then(|s| s.behind));
                 self.finish(&w.pos);
                 self.free(w.id);
                 return;

@@ -1,0 +1,133 @@
+//! `[ordering]`: each aggregate's line. One event of an aggregate has work
+//! here at a time (read, ready, running, retry waits included); its later
+//! change events wait in the line in arrival order (Debezium's commit order
+//! on the aggregate's partition), holding no payload and no read. An event
+//! whose earlier event is not sent in the database is parked; after an
+//! event something may have been parked behind, the aggregate's next
+//! pending event is announced again (the driver touches it).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use tracing::debug;
+
+use super::{Expect, Pos, Scheduler};
+use crate::cdc::Trigger;
+
+/// Triggers waiting in aggregates' lines (`[ordering]`) before fetching
+/// holds. They hold no payload (an id and a position each), so a line may
+/// grow long behind an aggregate whose head is retrying without holding
+/// back the partitions' other aggregates.
+pub const MAX_AGGREGATE_QUEUED: usize = 100_000;
+
+/// An aggregate's line: one event decided at a time, in arrival order.
+#[derive(Debug)]
+pub(super) struct Line {
+    pub(super) active: i64,
+    pub(super) queue: VecDeque<(i64, Pos, Expect)>,
+}
+
+impl Scheduler {
+    /// A change event announcing a pending row of `aggregate`
+    /// (`[ordering]`): its aggregate decides one event at a time, in the
+    /// order they arrive (Debezium's commit order on the aggregate's
+    /// partition); the others wait in the aggregate's line, holding no
+    /// payload and no read. Other aggregates go on as ever.
+    pub fn trigger_in(&mut self, trigger: &Trigger, pos: Pos, aggregate: Option<&str>) {
+        let Some(aggregate) = aggregate else {
+            return self.trigger(trigger, pos);
+        };
+        if !self.current(&pos) {
+            return;
+        }
+        let id = trigger.id;
+        let expect = Expect::from(trigger);
+        if let Some(line) = self.aggregates.get_mut(aggregate) {
+            if line.active != id {
+                line.queue.push_back((id, pos, expect));
+                self.aggregate_queued += 1;
+                return;
+            }
+        } else if !self.work.contains_key(&id) {
+            let key: Arc<str> = Arc::from(aggregate);
+            self.aggregates.insert(
+                key.clone(),
+                Line {
+                    active: id,
+                    queue: VecDeque::new(),
+                },
+            );
+            self.aggregate_of.insert(id, key);
+        }
+        self.admit(id, pos, expect);
+    }
+
+    /// `id` has no work here any more: if it was its aggregate's active
+    /// event, the next one in the line is decided.
+    pub(super) fn next_of_aggregate(&mut self, id: i64) {
+        if self.work.contains_key(&id) {
+            return;
+        }
+        let Some(key) = self.aggregate_of.remove(&id) else {
+            return;
+        };
+        loop {
+            let Some(line) = self.aggregates.get_mut(&key) else {
+                return;
+            };
+            let Some((next, pos, expect)) = line.queue.pop_front() else {
+                self.aggregates.remove(&key);
+                return;
+            };
+            self.aggregate_queued -= 1;
+            if !self.current(&pos) {
+                continue;
+            }
+            if let Some(line) = self.aggregates.get_mut(&key) {
+                line.active = next;
+            }
+            self.aggregate_of.insert(next, key.clone());
+            self.admit(next, pos, expect);
+            if self.work.contains_key(&next) {
+                return;
+            }
+            self.aggregate_of.remove(&next);
+        }
+    }
+
+    /// Ids whose aggregate's next pending event the driver must announce
+    /// again (touch), so an event parked behind them is decided.
+    pub fn take_announcements(&mut self) -> Vec<i64> {
+        std::mem::take(&mut self.announce)
+    }
+
+    /// Announces `id`'s aggregate's next pending event once `id` is sent.
+    pub(super) fn announce_after_ends(&mut self, id: i64) {
+        if self.announce_after.len() >= MAX_AGGREGATE_QUEUED {
+            // Ids that never ran here (a failed event never resent):
+            // forgetting them costs the sweep's touch, a minute later.
+            self.announce_after.clear();
+        }
+        self.announce_after.insert(id);
+    }
+
+    /// Triggers waiting in aggregates' lines.
+    pub fn aggregate_queued(&self) -> usize {
+        self.aggregate_queued
+    }
+
+    /// Parks `id` behind `behind`, the earlier event of its aggregate that
+    /// is not sent yet: no attempt used, the row stays pending, its message
+    /// is finished (by the caller); it is announced again when `behind` is
+    /// sent.
+    pub(super) fn park_behind(&mut self, id: i64, behind: Option<i64>) {
+        self.metrics.ordering_parked_total.inc();
+        debug!(
+            id,
+            behind, "an earlier event of its aggregate is not sent yet: left pending"
+        );
+        if let Some(b) = behind {
+            self.announce_after_ends(b);
+        }
+    }
+}
