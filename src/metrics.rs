@@ -224,6 +224,10 @@ families! {
     ordering_unkeyed_total: IntCounter = "outbox_ordering_unkeyed_total",
         "Change events whose Kafka key does not carry the [ordering] column: the connector's \
          message.key.columns does not key the topic by the aggregate";
+    ordering_announced_total: IntCounter = "outbox_ordering_announced_total",
+        "Pending events announced again (touched) after the event before them in their \
+         aggregate was sent: after a resend, a resume or an earlier announcement, or when one \
+         was parked here; never after an event sent on its insert";
     ordering_announce_failures_total: IntCounter = "outbox_ordering_announce_failures_total",
         "Announcements of an aggregate's next pending event (after the one before it was \
          sent) that failed try after try: it waits for events retrigger";

@@ -487,6 +487,9 @@ impl Pipeline {
             for attempt in 1..=6 {
                 match tokio::time::timeout(READ_DEADLINE, store.announce_next(after)).await {
                     Ok(Ok(touched)) => {
+                        if touched.is_some() {
+                            metrics.ordering_announced_total.inc();
+                        }
                         debug!(
                             after,
                             ?touched,
@@ -619,7 +622,11 @@ impl Pipeline {
         for after in sched.take_announcements() {
             let left = deadline.saturating_duration_since(TokioInstant::now());
             match tokio::time::timeout(left, self.store.announce_next(after)).await {
-                Ok(Ok(_)) => {}
+                Ok(Ok(touched)) => {
+                    if touched.is_some() {
+                        self.metrics.ordering_announced_total.inc();
+                    }
+                }
                 Ok(Err(e)) => {
                     warn!(after, error = %e, "cannot announce the aggregate's next pending event")
                 }

@@ -198,6 +198,16 @@ async fn each_aggregate_is_sent_in_order_while_aggregates_go_on_concurrently() {
         switches > 40,
         "aggregates interleaved ({switches} switches)"
     );
+    // One writer per aggregate: every event was decided on its insert, in
+    // its aggregate's line, so nothing was parked and nothing announced
+    // again (an announcement is a write and a change event more).
+    let base = t.admin_url("");
+    for name in [
+        "outbox_ordering_parked_total",
+        "outbox_ordering_announced_total",
+    ] {
+        assert_eq!(metric(&base, name).await, Some(0.0), "{name}");
+    }
     t.stop().await;
 }
 
@@ -350,6 +360,13 @@ async fn a_failed_head_holds_only_its_aggregate_until_it_is_resent_and_sent() {
         assert_eq!(t.receiver.for_id(id).len(), 1, "held event {id} sent once");
     }
     assert!(metric(&base, "outbox_ordering_parked_total").await.unwrap() >= held.len() as f64);
+    // The resent head announced the first held event, each held one the next.
+    assert!(
+        metric(&base, "outbox_ordering_announced_total")
+            .await
+            .unwrap()
+            >= held.len() as f64
+    );
     t.stop().await;
 }
 
