@@ -217,6 +217,21 @@ async fn s1_pair(env: &Env, db: &BenchDb, sheet: &mut Sheet, run: usize) -> Resu
     if run.is_multiple_of(2) {
         sides.reverse();
     }
+    if o.side_by_side {
+        // Both at once: the empty table on a fresh database, the history
+        // on its own (see `side`).
+        let fresh = env.create_db().await?;
+        let at = sides.into_iter().map(|side| {
+            let url = match side {
+                None => fresh.url.clone(),
+                Some(_) => db.url.clone(),
+            };
+            (s1_label(side), base_setup(o), url)
+        }).collect();
+        let result = crate::side::pair_at(env, sheet, run, at, o.events).await;
+        env.drop_db(&fresh).await;
+        return result;
+    }
     for side in sides {
         let label = s1_label(side);
         eprintln!(
@@ -539,6 +554,11 @@ fn report(
     let m = |name: &str| sheet.median(name);
     let rate = "events/s end to end";
     let cpu = "CPU s / 1,000 events (sidecar process)";
+    let how = if o.side_by_side {
+        "side by side"
+    } else {
+        "back to back"
+    };
     let lines = [
         goal_line(
             &format!("the console overview's database reads with {rows} sent rows < 100 ms"),
@@ -548,7 +568,7 @@ fn report(
             "each sample is one page's reads; the pairs are the samples",
         ),
         goal_line(
-            &format!("S1 events/s on {rows} sent rows ≥ 0.9 × on an empty table (back to back)"),
+            &format!("S1 events/s on {rows} sent rows ≥ 0.9 × on an empty table ({how})"),
             &pair(rate, |a, b| a / b),
             Bound::AtLeast(0.9),
             Shown::Times(2),
@@ -560,7 +580,7 @@ fn report(
         ),
         goal_line(
             &format!(
-                "S1 sidecar CPU / event on {rows} sent rows ≤ 1.1 × on an empty table (back to back)"
+                "S1 sidecar CPU / event on {rows} sent rows ≤ 1.1 × on an empty table ({how})"
             ),
             &pair(cpu, |a, b| a / b),
             Bound::AtMost(1.1),

@@ -156,6 +156,7 @@ mod options;
 mod receiver;
 mod report;
 mod scenarios;
+mod side;
 mod sidecar;
 mod sys;
 mod verdict;
@@ -204,6 +205,9 @@ pub(crate) const S1_NO_LOG: &str = "S1 backlog, attempt log off";
 pub(crate) const S1_NO_ECHO: &str = "S1 backlog, no echoes";
 /// S1 with a traceparent column the sidecar reads, no exporter.
 pub(crate) const S1_TRACED: &str = "S1 backlog, traceparent column";
+/// S1 with the traceparent column in the table, `[tracing]` off: the
+/// sidecar as it was before trace context, on the application's rows.
+pub(crate) const S1_TRACE_COLUMN: &str = "S1 backlog, traceparent column, tracing off";
 /// S1 with `[ordering]` over 1,000 aggregates.
 pub(crate) const S1_ORDERED: &str = "S1 backlog, ordered by aggregate";
 /// S1 against the 204 receiver.
@@ -225,6 +229,7 @@ pub(crate) fn base_setup(opts: &Options) -> Setup {
         echoes: opts.echoes,
         payload_bytes: 0,
         traced: false,
+        trace_column: false,
         ordered: false,
     }
 }
@@ -332,31 +337,50 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     // A pair: S1 beside a variant of it (ordered per aggregate, or with
     // trace context read and sent, no exporter), in turn forwards and
     // backwards.
-    let variant = if o.ordering_pair {
-        Some((
-            S1_ORDERED,
-            Setup {
-                ordered: true,
-                ..base
-            },
-        ))
+    let sides: Option<Vec<(&'static str, Setup)>> = if o.ordering_pair {
+        Some(vec![
+            (S1, base),
+            (
+                S1_ORDERED,
+                Setup {
+                    ordered: true,
+                    ..base
+                },
+            ),
+        ])
     } else if o.trace_pair {
-        Some((
-            S1_TRACED,
-            Setup {
-                traced: true,
-                ..base
-            },
-        ))
+        // Three sides: S1, S1 on rows that carry the column with tracing
+        // off (what the sidecar did before trace context, on the
+        // application's larger rows), and S1 reading and sending it.
+        Some(vec![
+            (S1, base),
+            (
+                S1_TRACE_COLUMN,
+                Setup {
+                    trace_column: true,
+                    ..base
+                },
+            ),
+            (
+                S1_TRACED,
+                Setup {
+                    traced: true,
+                    trace_column: true,
+                    ..base
+                },
+            ),
+        ])
     } else {
         None
     };
-    if let Some(variant) = variant {
-        let mut pair = [(S1, base), variant];
+    if let Some(mut sides) = sides {
         if !forward {
-            pair.reverse();
+            sides.reverse();
         }
-        for (label, setup) in pair {
+        if o.side_by_side {
+            return side::pair(env, sheet, run, &sides, n).await;
+        }
+        for (label, setup) in sides {
             backlog(env, sheet, run, label, false, true, setup, n).await?;
         }
         return Ok(());

@@ -22,6 +22,9 @@ pub(crate) struct Options {
     /// `--ordering-pair`: S1 and S1 with `[ordering]` over
     /// [`crate::kafka::AGGREGATES`] aggregates, in turn (issue #32).
     pub(crate) ordering_pair: bool,
+    /// With a pair: its two sides drain at the same time, each on its own
+    /// database and topic (`side`), rates over the window both ran.
+    pub(crate) side_by_side: bool,
     /// Extra librdkafka properties for every consumer (the sidecar's too).
     pub(crate) kafka_properties: Vec<(String, String)>,
     /// Publish the sidecar's status writes back onto the topic (default).
@@ -49,7 +52,7 @@ pub(crate) struct Options {
 pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pipeline -- \
 [--events N] [--runs R] [--quick] [--backlog-only] [--max-in-flight M] [--naive-events N] \
 [--limit-events N] [--paced-seconds S] [--no-attempt-log] [--pg-url URL] [--kafka-property KEY=VALUE]... \
-[--no-echoes] [--trace-pair] [--ordering-pair] [--large-events N] [--large-payload-bytes B] \
+[--no-echoes] [--trace-pair] [--ordering-pair] [--side-by-side] [--large-events N] [--large-payload-bytes B] \
 [--scale-events N] [--scale-window W] [--scale-only] \
 | --scenario history [--events N] [--runs R] [--history-rows N] [--idle-seconds S] \
 | --memory [--events N] [--payload-kib K]
@@ -72,6 +75,7 @@ impl Options {
         let mut no_attempt_log = false;
         let mut trace_pair = false;
         let mut ordering_pair = false;
+        let mut side_by_side = false;
         let mut echoes = true;
         let mut large_events: Option<usize> = None;
         let mut large_payload_bytes = 50 * 1024;
@@ -99,6 +103,7 @@ impl Options {
                 "--no-attempt-log" => no_attempt_log = true,
                 "--trace-pair" => trace_pair = true,
                 "--ordering-pair" => ordering_pair = true,
+                "--side-by-side" => side_by_side = true,
                 "--memory" => memory = true,
                 "--payload-kib" => payload_kib = value("--payload-kib")?.parse()?,
                 "--no-echoes" => echoes = false,
@@ -159,6 +164,7 @@ impl Options {
             no_attempt_log,
             trace_pair,
             ordering_pair,
+            side_by_side,
             kafka_properties,
             echoes,
             // The mock broker keeps 5 MiB per partition: 600 events of

@@ -28,6 +28,10 @@ pub(crate) struct Setup {
     /// Each row carries a W3C `traceparent` in a column the sidecar reads
     /// (`[tracing] column`, no exporter): what trace context costs.
     pub(crate) traced: bool,
+    /// The rows carry the `traceparent` column whether or not the sidecar
+    /// reads it (`traced` implies it): what the application's larger rows
+    /// cost apart from what the sidecar does with them.
+    pub(crate) trace_column: bool,
     /// `[ordering]` on: each row's aggregate (`aggregate_key`, id modulo
     /// [`crate::kafka::AGGREGATES`]) keys its change events, as
     /// `message.key.columns` would.
@@ -81,7 +85,7 @@ pub(crate) struct ScenarioResult {
 /// After the last row is done: publishes the echoes still queued, then
 /// waits (up to 10 s) until the sidecar has consumed every message the
 /// topic got, `n` inserts and the echoes. Returns (echoes, consumed).
-async fn settle(sidecar: &Sidecar, echoes: Option<Echoes>, n: usize) -> Result<(u64, f64)> {
+pub(crate) async fn settle(sidecar: &Sidecar, echoes: Option<Echoes>, n: usize) -> Result<(u64, f64)> {
     let published = match echoes {
         Some(e) => e.finish().await?,
         None => 0,
@@ -128,19 +132,10 @@ pub(crate) async fn scenario(
         .await
 }
 
-/// One scenario on the database at `url`, whose table may already hold
-/// rows (a history): its `n` rows go after them, and only they are
-/// published, counted and read back.
-pub(crate) async fn scenario_on(
-    env: &Env,
-    url: &str,
-    kind: Scenario,
-    setup: Setup,
-    n: usize,
-) -> Result<ScenarioResult> {
-    let store = open_store(url, TABLE, 4).await?;
-    let base = max_id(&store).await?;
-    if setup.traced {
+/// Adds what `setup` needs to the table: a `traceparent` column filled by
+/// its default (traced), the aggregate column and its index (ordered).
+pub(crate) async fn prepare_table(store: &Store, setup: Setup) -> Result<()> {
+    if setup.traced || setup.trace_column {
         // A traceparent per row, filled by the column's (volatile) default
         // as the rows go in: the same INSERT as untraced rows.
         store
@@ -167,6 +162,22 @@ pub(crate) async fn scenario_on(
             .await
             .context("adding the aggregate column")?;
     }
+    Ok(())
+}
+
+/// One scenario on the database at `url`, whose table may already hold
+/// rows (a history): its `n` rows go after them, and only they are
+/// published, counted and read back.
+pub(crate) async fn scenario_on(
+    env: &Env,
+    url: &str,
+    kind: Scenario,
+    setup: Setup,
+    n: usize,
+) -> Result<ScenarioResult> {
+    let store = open_store(url, TABLE, 4).await?;
+    let base = max_id(&store).await?;
+    prepare_table(&store, setup).await?;
     crate::kafka::ORDERED_KEYS.store(setup.ordered, std::sync::atomic::Ordering::Relaxed);
     insert_rows(&store, n, setup.payload_bytes).await?;
     if setup.echoes {
@@ -501,7 +512,7 @@ pub(crate) fn add_scenario(
 }
 
 /// The sidecar's `[tracing]` for `setup`: the column, no exporter.
-fn tracing_toml(setup: Setup) -> &'static str {
+pub(crate) fn tracing_toml(setup: Setup) -> &'static str {
     match (setup.traced, setup.ordered) {
         (true, false) => "[tracing]\ncolumn = \"traceparent\"\n",
         (false, true) => "[ordering]\ncolumn = \"aggregate_key\"\n",
