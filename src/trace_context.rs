@@ -15,15 +15,26 @@ pub struct TraceId(pub [u8; 16]);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SpanId(pub [u8; 8]);
 
+/// Lower-case hex of `bytes` written through a stack buffer (no
+/// allocation: ids are written on every attempt).
+fn write_hex<const N: usize, const H: usize>(
+    bytes: &[u8; N],
+    f: &mut fmt::Formatter<'_>,
+) -> fmt::Result {
+    let mut buf = [0u8; H];
+    hex::encode_to_slice(bytes, &mut buf).map_err(|_| fmt::Error)?;
+    f.write_str(std::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
+}
+
 impl fmt::Display for TraceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&hex::encode(self.0))
+        write_hex::<16, 32>(&self.0, f)
     }
 }
 
 impl fmt::Display for SpanId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&hex::encode(self.0))
+        write_hex::<8, 16>(&self.0, f)
     }
 }
 
@@ -82,12 +93,24 @@ pub struct TraceParent {
 #[error("not a W3C traceparent ({0}); the event is sent without one")]
 pub struct Invalid(&'static str);
 
+/// `s` as `N` bytes of lower-case hex, checked and decoded in one pass
+/// (every event's `traceparent` goes through here).
 fn lower_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    if s.len() != 2 * N || !s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+    fn nibble(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        }
+    }
+    let s = s.as_bytes();
+    if s.len() != 2 * N {
         return None;
     }
     let mut out = [0u8; N];
-    hex::decode_to_slice(s, &mut out).ok()?;
+    for (o, pair) in out.iter_mut().zip(s.chunks_exact(2)) {
+        *o = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+    }
     Some(out)
 }
 
@@ -220,12 +243,16 @@ impl EventTrace {
 
     /// The `traceparent` header of the attempt whose span is `span`.
     pub fn header(&self, span: SpanId) -> String {
-        format!(
+        use std::fmt::Write as _;
+        let mut out = String::with_capacity(55);
+        let _ = write!(
+            out,
             "00-{}-{}-{:02x}",
             self.trace_id,
             span,
             u8::from(self.sampled)
-        )
+        );
+        out
     }
 }
 

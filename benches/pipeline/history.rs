@@ -221,13 +221,16 @@ async fn s1_pair(env: &Env, db: &BenchDb, sheet: &mut Sheet, run: usize) -> Resu
         // Both at once: the empty table on a fresh database, the history
         // on its own (see `side`).
         let fresh = env.create_db().await?;
-        let at = sides.into_iter().map(|side| {
-            let url = match side {
-                None => fresh.url.clone(),
-                Some(_) => db.url.clone(),
-            };
-            (s1_label(side), base_setup(o), url)
-        }).collect();
+        let at = sides
+            .into_iter()
+            .map(|side| {
+                let url = match side {
+                    None => fresh.url.clone(),
+                    Some(_) => db.url.clone(),
+                };
+                (s1_label(side), base_setup(o), url)
+            })
+            .collect();
         let result = crate::side::pair_at(env, sheet, run, at, o.events).await;
         env.drop_db(&fresh).await;
         return result;

@@ -22,8 +22,12 @@ pub(crate) struct Options {
     /// `--ordering-pair`: S1 and S1 with `[ordering]` over
     /// [`crate::kafka::AGGREGATES`] aggregates, in turn (issue #32).
     pub(crate) ordering_pair: bool,
-    /// With a pair: its two sides drain at the same time, each on its own
-    /// database and topic (`side`), rates over the window both ran.
+    /// With a pair: its sides drain at the same time, each on its own
+    /// database and topic (`side`), rates over the window all ran. The
+    /// default for the trace pair and the history scenario's S1 pairs
+    /// (`--back-to-back` runs them one after the other); the ordering
+    /// pair runs back to back unless `--side-by-side` is given (see
+    /// `side` for why).
     pub(crate) side_by_side: bool,
     /// Extra librdkafka properties for every consumer (the sidecar's too).
     pub(crate) kafka_properties: Vec<(String, String)>,
@@ -52,9 +56,9 @@ pub(crate) struct Options {
 pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pipeline -- \
 [--events N] [--runs R] [--quick] [--backlog-only] [--max-in-flight M] [--naive-events N] \
 [--limit-events N] [--paced-seconds S] [--no-attempt-log] [--pg-url URL] [--kafka-property KEY=VALUE]... \
-[--no-echoes] [--trace-pair] [--ordering-pair] [--side-by-side] [--large-events N] [--large-payload-bytes B] \
+[--no-echoes] [--trace-pair] [--ordering-pair] [--side-by-side | --back-to-back] [--large-events N] [--large-payload-bytes B] \
 [--scale-events N] [--scale-window W] [--scale-only] \
-| --scenario history [--events N] [--runs R] [--history-rows N] [--idle-seconds S] \
+| --scenario history [--events N] [--runs R] [--history-rows N] [--idle-seconds S] [--back-to-back] \
 | --memory [--events N] [--payload-kib K]
 (without --bench, as `cargo test --bench pipeline` runs it: the verdict rule's checks)";
 
@@ -75,7 +79,7 @@ impl Options {
         let mut no_attempt_log = false;
         let mut trace_pair = false;
         let mut ordering_pair = false;
-        let mut side_by_side = false;
+        let mut side_by_side: Option<bool> = None;
         let mut echoes = true;
         let mut large_events: Option<usize> = None;
         let mut large_payload_bytes = 50 * 1024;
@@ -103,7 +107,8 @@ impl Options {
                 "--no-attempt-log" => no_attempt_log = true,
                 "--trace-pair" => trace_pair = true,
                 "--ordering-pair" => ordering_pair = true,
-                "--side-by-side" => side_by_side = true,
+                "--side-by-side" => side_by_side = Some(true),
+                "--back-to-back" => side_by_side = Some(false),
                 "--memory" => memory = true,
                 "--payload-kib" => payload_kib = value("--payload-kib")?.parse()?,
                 "--no-echoes" => echoes = false,
@@ -164,7 +169,7 @@ impl Options {
             no_attempt_log,
             trace_pair,
             ordering_pair,
-            side_by_side,
+            side_by_side: side_by_side.unwrap_or(trace_pair || history),
             kafka_properties,
             echoes,
             // The mock broker keeps 5 MiB per partition: 600 events of

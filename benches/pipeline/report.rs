@@ -179,8 +179,7 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
     } else {
         "beside it"
     };
-    let goals: Vec<(&str, &str, String, f64, &str)> = match (opts.ordering_pair, opts.trace_pair)
-    {
+    let goals: Vec<(&str, &str, String, f64, &str)> = match (opts.ordering_pair, opts.trace_pair) {
         (true, _) => vec![(
             super::S1_ORDERED,
             super::S1,

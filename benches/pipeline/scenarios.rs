@@ -85,7 +85,11 @@ pub(crate) struct ScenarioResult {
 /// After the last row is done: publishes the echoes still queued, then
 /// waits (up to 10 s) until the sidecar has consumed every message the
 /// topic got, `n` inserts and the echoes. Returns (echoes, consumed).
-pub(crate) async fn settle(sidecar: &Sidecar, echoes: Option<Echoes>, n: usize) -> Result<(u64, f64)> {
+pub(crate) async fn settle(
+    sidecar: &Sidecar,
+    echoes: Option<Echoes>,
+    n: usize,
+) -> Result<(u64, f64)> {
     let published = match echoes {
         Some(e) => e.finish().await?,
         None => 0,

@@ -12,6 +12,15 @@
 //! side, whatever slows the machine slows both sides at once: a side that
 //! costs more per event (in the sidecar or in its PostgreSQL backends)
 //! gets fewer events through the same CPU.
+//!
+//! What it cannot see: a limit that is not CPU. Side by side every side is
+//! short of CPU, so a variant whose own run is bound by waiting (ordering
+//! sends an aggregate's events one at a time: 52 database transactions
+//! per 1,000 events against S1's 27) looks cheaper than it runs alone
+//! (the ordering pair: × 0.94 side by side, × 0.81 back to back). The
+//! trace pair and the history's S1 pairs change what each event costs,
+//! not how it waits: they run side by side by default; the ordering pair
+//! back to back.
 
 use super::*;
 
@@ -149,12 +158,7 @@ pub(crate) async fn pair_at(
         );
         sheet.add(&name("events"), Unit::Count, n as f64, l);
     }
-    sheet.add(
-        "side by side: common window (s)",
-        Unit::Secs,
-        window_s,
-        l,
-    );
+    sheet.add("side by side: common window (s)", Unit::Secs, window_s, l);
     sheet.add(
         "side by side: CPU s / 1,000 events of all sides (postgres, approx.)",
         Unit::Secs,
@@ -211,7 +215,11 @@ async fn drain(env: &Env, side: &Side, n: usize) -> Result<Drained> {
         .map(|(_, at)| at.and_utc().timestamp_micros())
         .collect();
     if sent.len() != n {
-        bail!("{}: {} of {n} rows sent ({failed} failed)", side.label, sent.len());
+        bail!(
+            "{}: {} of {n} rows sent ({failed} failed)",
+            side.label,
+            sent.len()
+        );
     }
     sent.sort_unstable();
     Ok(Drained {
