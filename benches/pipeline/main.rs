@@ -11,6 +11,9 @@
 //!       [--no-echoes] [--large-events N] [--large-payload-bytes B]
 //!       [--scale-events N] [--scale-window W] [--scale-only]
 //! make bench-pipeline BENCH_ARGS="--scenario history"   # see `history`
+//! make bench-pipeline BENCH_ARGS="--trace-pair"          # S1, the column, tracing: side by side
+//! make bench-pipeline BENCH_ARGS="--ordering-pair"       # S1 and S1 ordered, back to back
+//!       [--side-by-side | --back-to-back]                # see `side`
 //! make bench-memory                                      # see `memory`
 //! cargo test --bench pipeline                            # the verdict rule's checks
 //! ```
@@ -21,7 +24,8 @@
 //! events), `echo` (the update events of the sidecar's own writes),
 //! `limits` and `client` (the parts' limits; three of them in a child
 //! process), `scenarios`, `report` (the table and the goal lines),
-//! `verdict` (how a goal is judged from pairs), `history` (`--scenario
+//! `verdict` (how a goal is judged from pairs), `side` (a pair's sides
+//! at once, each on its own database and topic), `history` (`--scenario
 //! history`: a table of 5,000,000 sent rows, an idle sidecar, an idle
 //! replica), `memory` (`--memory`).
 //!
