@@ -1,8 +1,9 @@
-//! `--side-by-side`: a pair's two sidecars drain their backlogs at the
-//! same time, each on its own database and topic, both posting to one
-//! receiver. Each side's events/s is counted over the window both were
-//! draining: from the later of the two `/readyz` to the first side's last
-//! status write (its `sent_at`), the events each side sent in it.
+//! `--side-by-side`: a pair's sidecars (two, or three) drain their backlogs at the
+//! same time, each on its own database and topic, all posting to one
+//! receiver. Each side's events/s is counted over the window all were
+//! draining at full speed: from the moment every side was ready and had
+//! sent its first twentieth of the backlog, to the moment the first side
+//! had sent all but its last twentieth (by the rows' `sent_at`).
 //!
 //! Why: run one after the other, the two sides of a pair see different
 //! machines. On the shared 2-core machine the same S1 measured 0.043 to
@@ -107,6 +108,9 @@ pub(crate) async fn pair_at(
     sides: Vec<(String, Setup, String)>,
     n: usize,
 ) -> Result<()> {
+    if n < 2 {
+        bail!("side by side needs backlogs of at least 2 events (--events)");
+    }
     let any_ordered = sides.iter().any(|(_, s, _)| s.ordered);
     let mut prepared = Vec::with_capacity(2);
     for (label, setup, url) in sides {
@@ -126,15 +130,24 @@ pub(crate) async fn pair_at(
     let drained =
         futures::future::try_join_all(prepared.iter().map(|side| drain(env, side, n))).await?;
     let pg = postgres_cpu_delta(&pg0);
-    // The window both were draining in.
-    let from = drained.iter().map(|d| d.ready_at).max().unwrap_or(0);
+    // The window all were draining in, at full speed: from when every
+    // side was ready and had sent its first twentieth (a side that became
+    // ready first is past its ramp-up sooner), to when the first side had
+    // sent all but its last twentieth (a side's last events drain with
+    // fewer in flight).
+    let trim = (n / 20).max(1).min(n - 1);
+    let from = drained
+        .iter()
+        .map(|d| d.ready_at.max(d.sent[trim - 1]))
+        .max()
+        .unwrap_or(0);
     let to = drained
         .iter()
-        .map(|d| d.sent.last().copied().unwrap_or(i64::MIN))
+        .map(|d| d.sent[n - trim])
         .min()
         .unwrap_or(i64::MIN);
     if to <= from {
-        bail!("side by side: no common window (ready {from} µs, first done {to} µs)");
+        bail!("side by side: no common window (all at full speed from {from} µs, one slowing from {to} µs)");
     }
     let window_s = (to - from) as f64 / 1e6;
     let mut rates = Vec::new();
