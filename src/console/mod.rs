@@ -542,11 +542,23 @@ impl EventsQuery {
     }
 
     /// The store's filter; failed events when no status is given, every
-    /// status for `all`. The error names the field that is wrong.
-    fn to_filter(&self) -> Result<ListFilter, String> {
+    /// status for `all`, the pending events an earlier failed event of
+    /// their aggregate holds for `held` (`ordering`: `[ordering]` is on).
+    /// The error names the field that is wrong.
+    fn to_filter(&self, ordering: bool) -> Result<ListFilter, String> {
+        let mut held = false;
         let status = match non_empty(&self.status).as_deref() {
             None => Some(Status::Failed),
             Some("all") => None,
+            Some("held") if ordering => {
+                held = true;
+                Some(Status::Pending)
+            }
+            Some("held") => {
+                return Err(
+                    "status: held: ordering is off ([ordering] column is not set)".to_owned(),
+                )
+            }
             Some(s) => Some(s.parse::<Status>().map_err(|e| format!("status: {e}"))?),
         };
         let time = |v: &Option<String>, name: &str| {
@@ -567,7 +579,7 @@ impl EventsQuery {
             error_contains: non_empty(&self.error_contains),
             changed_since: time(&self.failed_since, "failed_since")?,
             changed_until: time(&self.failed_until, "failed_until")?,
-            held: false,
+            held,
         })
     }
 
@@ -604,16 +616,24 @@ async fn events(
         Err(e) => {
             return html(
                 StatusCode::BAD_REQUEST,
-                pages::events(&s, &EventsQuery::default(), &[], None, Some(&e)),
+                pages::events(
+                    &s,
+                    &EventsQuery::default(),
+                    state.admin.store.ordering().is_some(),
+                    &[],
+                    None,
+                    Some(&e),
+                ),
             )
         }
     };
-    let filter = match q.to_filter() {
+    let ordering = state.admin.store.ordering().is_some();
+    let filter = match q.to_filter(ordering) {
         Ok(f) => f,
         Err(e) => {
             return html(
                 StatusCode::BAD_REQUEST,
-                pages::events(&s, &q, &[], None, Some(&e)),
+                pages::events(&s, &q, ordering, &[], None, Some(&e)),
             )
         }
     };
@@ -625,12 +645,12 @@ async fn events(
                 .map(|last| q.with_before(Some(last.id)));
             html(
                 StatusCode::OK,
-                pages::events(&s, &q, &rows, next.as_deref(), None),
+                pages::events(&s, &q, ordering, &rows, next.as_deref(), None),
             )
         }
         Err(e) => html(
             StatusCode::SERVICE_UNAVAILABLE,
-            pages::events(&s, &q, &[], None, Some(&e.to_string())),
+            pages::events(&s, &q, ordering, &[], None, Some(&e.to_string())),
         ),
     }
 }
@@ -921,25 +941,25 @@ mod tests {
     #[test]
     fn the_events_list_shows_failed_events_unless_told() {
         let q = EventsQuery::default();
-        assert_eq!(q.to_filter().unwrap().status, Some(Status::Failed));
+        assert_eq!(q.to_filter(false).unwrap().status, Some(Status::Failed));
         let all = EventsQuery {
             status: Some("all".into()),
             ..Default::default()
         };
-        assert_eq!(all.to_filter().unwrap().status, None);
+        assert_eq!(all.to_filter(false).unwrap().status, None);
         let sent = EventsQuery {
             status: Some("sent".into()),
             event_name: Some("  ".into()),
             ..Default::default()
         };
-        let f = sent.to_filter().unwrap();
+        let f = sent.to_filter(false).unwrap();
         assert_eq!(f.status, Some(Status::Sent));
         assert_eq!(f.event_name, None, "an empty field is no filter");
     }
 
     #[test]
     fn a_wrong_filter_is_named() {
-        let bad = |q: EventsQuery| q.to_filter().unwrap_err();
+        let bad = |q: EventsQuery| q.to_filter(false).unwrap_err();
         assert!(bad(EventsQuery {
             status: Some("lost".into()),
             ..Default::default()
@@ -956,6 +976,22 @@ mod tests {
                 ..Default::default()
             }),
             "before: \"x\" is not an event id"
+        );
+    }
+
+    #[test]
+    fn held_lists_the_pending_events_a_failed_one_holds_when_ordering_is_on() {
+        let held = || EventsQuery {
+            status: Some("held".into()),
+            ..Default::default()
+        };
+        let f = held().to_filter(true).unwrap();
+        assert_eq!(f.status, Some(Status::Pending));
+        assert!(f.held);
+        assert!(!EventsQuery::default().to_filter(true).unwrap().held);
+        assert_eq!(
+            held().to_filter(false).unwrap_err(),
+            "status: held: ordering is off ([ordering] column is not set)"
         );
     }
 

@@ -268,9 +268,12 @@ pub fn overview(session: &Session, v: &OverviewView) -> Markup {
     )
 }
 
+/// The events list; `ordering`: `[ordering]` is on, so the status
+/// filter offers `held`.
 pub(crate) fn events(
     session: &Session,
     q: &EventsQuery,
+    ordering: bool,
     rows: &[OutboxEventRow],
     next: Option<&str>,
     error: Option<&str>,
@@ -304,6 +307,9 @@ pub(crate) fn events(
                 label { "status" select name="status" {
                     @for s in ["failed", "pending", "sent", "all"] {
                         option value=(s) selected[s == status] { (s) }
+                    }
+                    @if ordering {
+                        option value="held" selected[status == "held"] { "held (pending behind a failed event)" }
                     }
                 } }
                 label { "event name" input type="text" name="event_name" value=(text(&q.event_name)); }

@@ -334,6 +334,23 @@ async fn a_failed_head_holds_only_its_aggregate_until_it_is_resent_and_sent() {
         page.contains(&format!("/admin/console/events/{head}")),
         "{page}"
     );
+    // The console's events list, filtered to the held events.
+    let list = http
+        .get(t.api_url("/admin/console/events?status=held"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(list.status(), 200);
+    let list = list.text().await.unwrap();
+    let mut linked: Vec<i64> = list
+        .split("href=\"/admin/console/events/")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next()?.parse().ok())
+        .collect();
+    linked.sort_unstable();
+    linked.dedup();
+    assert_eq!(linked, held, "the console's held events: {list}");
     // Their messages were committed: nothing holds the partitions.
     t.wait_all_committed(&t.group, T).await;
     // The receiver heals and the operator resends the head.
