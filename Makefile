@@ -66,8 +66,8 @@ $(TANSU_VENV)/.installed:
 BROKER_TESTS ?= pipeline:: consumer:: broker::
 
 test-broker: tansu dbz-venv ## The pipeline, consumer, broker and real-Debezium tests on tansu (docs/brokers.md)
-	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu $(CARGO) test --locked --test it -- $(BROKER_TESTS) --test-threads=2
-	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu OUTBOX_TEST_DBZ_PYTHON=$(DBZ_VENV)/bin/python $(CARGO) test --locked --test it debezium -- --ignored --test-threads=1 --nocapture
+	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu tests/tansu/retry-on-segv.sh $(CARGO) test --locked --test it -- $(BROKER_TESTS) --test-threads=2
+	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu OUTBOX_TEST_DBZ_PYTHON=$(DBZ_VENV)/bin/python tests/tansu/retry-on-segv.sh $(CARGO) test --locked --test it debezium -- --ignored --test-threads=1 --nocapture
 
 bench: bench-decode bench-pipeline ## All benchmarks (release builds)
 
