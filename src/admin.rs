@@ -307,7 +307,7 @@ async fn list_events(State(state): State<AdminState>, RawQuery(raw): RawQuery) -
     if held && state.store.ordering().is_none() {
         return error(
             StatusCode::BAD_REQUEST,
-            "held: ordering is off ([ordering] column is not set)".to_owned(),
+            format!("held: {}", crate::store::ordering::HELD_NEEDS_ORDERING),
         );
     }
     let limit = limit.unwrap_or(DEFAULT_LIST_LIMIT).min(10_000);

@@ -230,7 +230,10 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
             held,
         } => {
             if held && store.ordering().is_none() {
-                eprintln!("error: --held: ordering is off ([ordering] column is not set)");
+                eprintln!(
+                    "error: --held: {}",
+                    crate::store::ordering::HELD_NEEDS_ORDERING
+                );
                 return EXIT_USAGE;
             }
             let filter = ListFilter {

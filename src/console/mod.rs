@@ -555,9 +555,10 @@ impl EventsQuery {
                 Some(Status::Pending)
             }
             Some("held") => {
-                return Err(
-                    "status: held: ordering is off ([ordering] column is not set)".to_owned(),
-                )
+                return Err(format!(
+                    "status: held: {}",
+                    crate::store::ordering::HELD_NEEDS_ORDERING
+                ))
             }
             Some(s) => Some(s.parse::<Status>().map_err(|e| format!("status: {e}"))?),
         };
@@ -609,6 +610,7 @@ async fn events(
     Extension(s): Extension<Session>,
     RawQuery(raw): RawQuery,
 ) -> Response {
+    let ordering = state.admin.store.ordering().is_some();
     let q = match query_params(raw.as_deref(), &EventsQuery::FIELDS)
         .and_then(|p| EventsQuery::from_params(&p))
     {
@@ -616,18 +618,10 @@ async fn events(
         Err(e) => {
             return html(
                 StatusCode::BAD_REQUEST,
-                pages::events(
-                    &s,
-                    &EventsQuery::default(),
-                    state.admin.store.ordering().is_some(),
-                    &[],
-                    None,
-                    Some(&e),
-                ),
+                pages::events(&s, &EventsQuery::default(), ordering, &[], None, Some(&e)),
             )
         }
     };
-    let ordering = state.admin.store.ordering().is_some();
     let filter = match q.to_filter(ordering) {
         Ok(f) => f,
         Err(e) => {

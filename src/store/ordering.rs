@@ -21,6 +21,10 @@ pub struct OrderingColumns {
     pub hold: bool,
 }
 
+/// Why a held filter cannot be honoured (the CLI, the admin API and the
+/// console each prefix the name of their own flag).
+pub const HELD_NEEDS_ORDERING: &str = "ordering is off ([ordering] column is not set)";
+
 /// How many columns [`Store::add_sequence`] adds.
 pub const SEQUENCE_COLUMNS: usize = 2;
 
