@@ -481,6 +481,15 @@ impl Breaker {
 
     /// What the clock asks for at `now`.
     pub fn tick(&mut self, now: Instant) -> Tick {
+        // A probe granted and never reported (its job cancelled by a
+        // revoke, its row changed, its process gone): given up after a
+        // cool-down, so the breaker never stays half-open for good.
+        if let State::Probing { since } = self.state {
+            if now >= since + self.settings.cool_down {
+                self.state = State::Open { until: now };
+                self.parked.probe_announced = None;
+            }
+        }
         match self.state {
             State::Closed { .. } if self.parked.announce_all => Tick::AnnounceAll,
             State::Open { until } if now >= until && self.parked.count == 0 => {

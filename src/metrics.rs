@@ -174,6 +174,13 @@ families! {
     cdc_skips_total: IntCounterVec = "outbox_cdc_skips_total",
         "Change events skipped, by reason", ["reason"]
         => [[&Skip::REASONS[..], &ScheduleSkip::REASONS[..]].concat()];
+    jobs_running: IntGauge = "outbox_jobs_running",
+        "Dispatch jobs alive on this replica: each is one attempt (at most 2 x \
+         dispatch.max_in_flight); nothing that waits for time to pass is a job";
+    scheduler_waiting: IntGaugeVec = "outbox_scheduler_waiting",
+        "Events waiting in the scheduler for time to pass, holding no payload and no job: \
+         retry (their next attempt is due later) and rate (their dispatcher's rate limit)",
+        ["wait"] => [["retry", "rate"]];
     inflight_events: IntGauge = "outbox_inflight_events",
         "Events being sent or having their status written (jobs holding an in-flight slot)";
     consumer_lag: IntGaugeVec = "outbox_consumer_lag",

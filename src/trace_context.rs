@@ -175,6 +175,29 @@ impl TraceParent {
 
 impl TraceId {
     /// A fresh random trace id (a new trace).
+    /// The trace id of an event that brings none: drawn from the event's
+    /// id with a key of this process, so every attempt of the event (each
+    /// its own job) is in one trace, with nothing kept between them. (A
+    /// restart starts another trace, as it always did.)
+    pub fn of_event(id: i64) -> TraceId {
+        static KEY: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+        let (k1, k2) = *KEY.get_or_init(|| (seed(), seed()));
+        let mix = |x: u64| {
+            let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let (a, b) = (mix(k1 ^ id as u64), mix(k2 ^ mix(id as u64)));
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&a.to_be_bytes());
+        out[8..].copy_from_slice(&b.to_be_bytes());
+        if out == [0; 16] {
+            out[15] = 1;
+        }
+        TraceId(out)
+    }
+
     pub fn random() -> TraceId {
         let (a, b) = (SpanId::random(), SpanId::random());
         let mut id = [0u8; 16];

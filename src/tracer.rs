@@ -100,11 +100,18 @@ impl Tracer {
     /// tracing off.
     pub fn event(&self, row: &OutboxEventRow) -> Option<EventTrace> {
         let inner = self.inner.as_ref()?;
+        let own = || EventTrace {
+            trace_id: crate::trace_context::TraceId::of_event(row.id),
+            ..EventTrace::new_trace()
+        };
         if !inner.column {
-            return Some(EventTrace::new_trace());
+            return Some(own());
         }
-        let (trace, origin) =
+        let (mut trace, origin) =
             EventTrace::of_row(row.traceparent.as_deref(), row.tracestate.as_deref());
+        if !matches!(origin, Origin::Row) {
+            trace.trace_id = own().trace_id;
+        }
         if let Origin::Invalid(e) = origin {
             if let Some(c) = &inner.invalid {
                 c.inc();

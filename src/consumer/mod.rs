@@ -214,7 +214,8 @@ impl Pipeline {
     /// committed synchronously.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut replies = Replies::new();
-        let mut sched = Scheduler::new(self.limits, self.metrics.clone(), TokioInstant::now());
+        let mut sched = Scheduler::new(self.limits, self.metrics.clone(), TokioInstant::now())
+            .with_retry_delay(self.ctx.retry_delay);
         info!(topic = %self.topic, "consuming");
         // A revoke waiting in librdkafka's callback blocks this loop: the
         // shutdown ends its wait through the group (the drain waits instead).
@@ -240,7 +241,7 @@ impl Pipeline {
             for read in sched.take_reads(now) {
                 self.spawn_read(read, replies.read_tx.clone());
             }
-            for start in sched.take_starts(self.ctx.waiting(), self.ctx.throttled()) {
+            for start in sched.take_starts(now, &self.ctx.registry) {
                 self.spawn_job(start, replies.done_tx.clone());
             }
             for after in sched.take_announcements() {
@@ -272,8 +273,6 @@ impl Pipeline {
                     sched.dead_letter_ended(&pos, bytes, TokioInstant::now());
                     self.metrics.dead_letters_in_flight.set(sched.dead_letters() as i64);
                 }
-                // A job began its retry wait: its slot may take a ready row.
-                _ = self.ctx.wait_started.notified() => {}
                 _ = tokio::time::sleep_until(wake.unwrap_or_else(TokioInstant::now)), if wake.is_some() => {}
                 _ = beat.tick() => {}
                 msg = stream.next(), if !sched.holding() => {
@@ -294,6 +293,9 @@ impl Pipeline {
     }
 
     fn job_ended(&self, sched: &mut Scheduler, done: JobDone, now: TokioInstant) {
+        if let JobEnd::Retry(retry) = done.end {
+            return sched.job_retry(done.id, done.serial, &done.pos, retry, now);
+        }
         let unblocks = match done.end {
             JobEnd::Sent => true,
             JobEnd::Failed => !self.hold_on_failed,
@@ -641,6 +643,21 @@ impl Pipeline {
         self.consumer.unsubscribe();
         self.health.joined.store(false, Ordering::Relaxed);
         self.health.table_reporter.store(false, Ordering::Relaxed);
+    }
+}
+
+/// The dispatchers' rate limits, as the scheduler asks them.
+impl schedule::Gate for crate::dispatch::Registry {
+    fn limited(&self, event_name: &str) -> Option<&str> {
+        let d = self.get(event_name)?;
+        d.throttle().map(|_| d.name())
+    }
+
+    fn permit(&self, event_name: &str) -> Result<(), Duration> {
+        match self.get(event_name).and_then(|d| d.throttle()) {
+            Some(t) => t.try_take(),
+            None => Ok(()),
+        }
     }
 }
 

@@ -46,8 +46,34 @@ use crate::metrics::Metrics;
 use crate::store::RowRead;
 use lines::Line;
 pub use lines::MAX_AGGREGATE_QUEUED;
+use waits::{DueEntries, RateLine};
+pub use waits::{LINE_ROWS, MAX_WAITING};
 
 mod lines;
+mod waits;
+
+/// What the scheduler asks of the dispatchers' rate limits before it
+/// starts a job (the driver's [`crate::dispatch::Registry`]; a fake in the
+/// unit tests). Nothing here waits.
+pub trait Gate {
+    /// The rate-limited dispatcher of `event_name`, if it has a limit.
+    fn limited(&self, event_name: &str) -> Option<&str>;
+    /// A permit for one request of `event_name`'s dispatcher now, or how
+    /// long until one may be asked for again.
+    fn permit(&self, event_name: &str) -> Result<(), Duration>;
+}
+
+/// No rate limits.
+pub struct NoLimits;
+
+impl Gate for NoLimits {
+    fn limited(&self, _: &str) -> Option<&str> {
+        None
+    }
+    fn permit(&self, _: &str) -> Result<(), Duration> {
+        Ok(())
+    }
+}
 
 /// How many triggers one row read covers.
 pub const MAX_READ: usize = 512;
@@ -71,9 +97,6 @@ pub const PAUSE_AFTER: Duration = Duration::from_millis(500);
 /// How long the loop may hold back in all before it pauses: rebalance
 /// callbacks run only while it polls.
 pub const HOLD_MAX: Duration = Duration::from_secs(5);
-/// Jobs waiting out `retry_delay` that may exist per in-flight slot: they
-/// hold no slot, so a row that failed does not hold back fresh ones.
-pub const WAITING_PER_SLOT: usize = 4;
 /// Dead-letter sends under way at most before fetching holds (each keeps
 /// its record in memory until the producer delivers or gives up, which a
 /// missing or slow topic makes minutes); their bytes are bounded to an
@@ -161,10 +184,19 @@ enum Work {
     Reading,
     /// Waiting for a re-read (in `rechecks`).
     Recheck,
-    /// Read pending; in the ready queue.
+    /// Read pending; in the ready queue (or read ahead in a rate line).
     Ready,
-    /// A job runs: which one, and the payload bytes it holds.
-    Running { serial: u64, bytes: usize },
+    /// A job runs: which one, the payload bytes it holds, and whether the
+    /// event it was decided on was the row's insert ([`Expect::created`]).
+    Running {
+        serial: u64,
+        bytes: usize,
+        created: bool,
+    },
+    /// Waiting for a due time (a retry), id only.
+    Due,
+    /// Waiting in a rate line for a permit, id only.
+    Throttled,
 }
 
 /// A job the driver must start.
@@ -249,6 +281,18 @@ pub struct Scheduler {
     deleted_while_reading: HashSet<i64>,
     ready: VecDeque<(OutboxEventRow, Pos, usize)>,
     ready_bytes: usize,
+    /// Rows to read again at a due time (retries).
+    due: DueEntries,
+    /// Rate-limited dispatchers' events waiting for a permit.
+    rate_lines: Vec<RateLine>,
+    /// Ids being read again for a rate line (its index).
+    refill_of: HashMap<i64, usize>,
+    /// Ids decided ready on their insert ([`Expect::created`]), until
+    /// their job starts (a retry's entry keeps it).
+    created: HashSet<i64>,
+    /// A pending row with attempts waits `retry_delay` from its
+    /// `updated_at` before its next attempt.
+    retry_delay: Duration,
     running: usize,
     running_bytes: usize,
     /// Mean payload bytes of the rows read lately (sizes the reads).
@@ -298,6 +342,11 @@ impl Scheduler {
             deleted_while_reading: HashSet::new(),
             ready: VecDeque::new(),
             ready_bytes: 0,
+            due: DueEntries::default(),
+            rate_lines: Vec::new(),
+            refill_of: HashMap::new(),
+            created: HashSet::new(),
+            retry_delay: Duration::ZERO,
             running: 0,
             running_bytes: 0,
             row_bytes: 1024,
@@ -313,6 +362,12 @@ impl Scheduler {
             announce: Vec::new(),
             announce_after: HashSet::new(),
         }
+    }
+
+    /// Rows with attempts wait `retry_delay` from their `updated_at`.
+    pub fn with_retry_delay(mut self, retry_delay: Duration) -> Self {
+        self.retry_delay = retry_delay;
+        self
     }
 
     // ---- the group ----
@@ -383,8 +438,28 @@ impl Scheduler {
             }
             keep
         });
+        freed.extend(self.due.drop_where(gone));
+        for line in &mut self.rate_lines {
+            line.ids.retain(|w| {
+                let keep = !gone(&w.pos);
+                if !keep {
+                    freed.push(w.id);
+                }
+                keep
+            });
+            line.rows.retain(|(row, pos, bytes)| {
+                let keep = !gone(pos);
+                if !keep {
+                    freed.push(row.id);
+                    ready_bytes -= bytes;
+                }
+                keep
+            });
+        }
+        self.ready_bytes = ready_bytes;
         for id in &freed {
             self.work.remove(id);
+            self.refilled(*id);
         }
         self.deferred.retain(|_, list| {
             list.retain(|(pos, _)| !gone(pos));
@@ -475,6 +550,16 @@ impl Scheduler {
         if self.work.get(&id) == Some(&Work::Reading) {
             self.deleted_while_reading.insert(id);
         }
+        // A retry waiting for a row that is gone: nothing left to send.
+        if let Some(w) = self.due.remove(id) {
+            self.metrics
+                .cdc_skips_total
+                .with_label_values(&[ScheduleSkip::RowMissing.reason()])
+                .inc();
+            info!(id, "row deleted while waiting for its next attempt");
+            self.finish(&w.pos);
+            self.free(id);
+        }
         if let Some((_, w)) = self.rechecks.remove(&id) {
             self.metrics
                 .cdc_skips_total
@@ -506,6 +591,19 @@ impl Scheduler {
             if let Some((_, w)) = self.rechecks.remove(&id) {
                 self.work.insert(id, Work::Reading);
                 self.to_read.push_front(w);
+            }
+        }
+        for w in self.due.take_due(now) {
+            self.work.insert(w.id, Work::Reading);
+            self.to_read.push_back(w);
+        }
+        for (i, line) in self.rate_lines.iter_mut().enumerate() {
+            for _ in 0..line.to_refill() {
+                let Some(w) = line.ids.pop_front() else { break };
+                line.refilling += 1;
+                self.refill_of.insert(w.id, i);
+                self.work.insert(w.id, Work::Reading);
+                self.to_read.push_back(w);
             }
         }
         let mut out = Vec::new();
@@ -580,6 +678,7 @@ impl Scheduler {
     }
 
     fn decide(&mut self, mut w: Wanted, read: Option<RowRead>, now: Instant) {
+        self.refilled(w.id);
         let gone = self.deleted_while_reading.remove(&w.id);
         let early = match &read {
             None => !gone,
@@ -642,12 +741,25 @@ impl Scheduler {
                 self.free(w.id);
                 return;
             }
+            Some(RowRead::Row(row))
+                if row.status == Status::Pending && self.retry_wait(&row).is_some() =>
+            {
+                // Its next attempt is not due yet (a restart, another
+                // replica's attempt, an operator's edit): waits here.
+                let wait = self.retry_wait(&row).unwrap_or_default();
+                self.work.insert(w.id, Work::Due);
+                self.due.insert(now + wait, w);
+                return;
+            }
             Some(RowRead::Row(row)) if row.status == Status::Pending => {
                 if !w.expect.created && row.sequence.as_ref().is_some_and(|s| s.aggregate.is_some())
                 {
                     self.announce_after_ends(row.id);
                 }
                 let bytes = payload_bytes(&row.payload);
+                if w.expect.created {
+                    self.created.insert(w.id);
+                }
                 self.work.insert(w.id, Work::Ready);
                 self.ready_bytes += bytes;
                 self.ready.push_back((row, w.pos, bytes));
@@ -681,6 +793,24 @@ impl Scheduler {
         self.free(w.id);
     }
 
+    /// How long until a pending row with attempts may be tried again
+    /// (`None`: now).
+    fn retry_wait(&self, row: &OutboxEventRow) -> Option<Duration> {
+        let due = crate::transition::due_at(row, self.retry_delay)?;
+        (due - crate::store::now())
+            .to_std()
+            .ok()
+            .filter(|d| !d.is_zero())
+    }
+
+    /// An id read again for a rate line is back (or gone).
+    fn refilled(&mut self, id: i64) {
+        if let Some(i) = self.refill_of.remove(&id) {
+            let line = &mut self.rate_lines[i];
+            line.refilling = line.refilling.saturating_sub(1);
+        }
+    }
+
     fn recheck(&mut self, w: Wanted, due: Instant) {
         self.work.insert(w.id, Work::Recheck);
         self.rechecks.insert(w.id, (due, w));
@@ -699,6 +829,8 @@ impl Scheduler {
 
     fn free_id(&mut self, id: i64) {
         self.work.remove(&id);
+        self.refilled(id);
+        self.created.remove(&id);
         self.deleted_while_reading.remove(&id);
         let Some(list) = self.deferred.remove(&id) else {
             return;
@@ -719,38 +851,180 @@ impl Scheduler {
 
     // ---- jobs ----
 
-    /// Jobs to start now, up to the job limit (`waiting`: jobs waiting out
-    /// `retry_delay`, which hold no in-flight slot; `throttled`: jobs
-    /// waiting for their dispatcher's rate limit, which take no place in
-    /// the limit at all, only their bytes in the memory bound).
-    pub fn take_starts(&mut self, waiting: usize, throttled: usize) -> Vec<Start> {
+    /// Jobs to start now, up to the job limit ([`max_jobs`]) and the jobs'
+    /// half of the memory bound. A rate-limited dispatcher's row starts
+    /// only with a permit of its limiter (`gate`); until then it waits in
+    /// its dispatcher's line, taking no job and (but for the line's head)
+    /// no payload, and the other dispatchers' rows go on past it.
+    pub fn take_starts(&mut self, now: Instant, gate: &dyn Gate) -> Vec<Start> {
         let mut out = Vec::new();
-        let job_budget = self.limits.max_buffered_bytes / 2;
-        let limit = max_jobs(self.limits.max_in_flight, waiting).saturating_add(throttled);
-        while self.running < limit {
-            let Some(&(_, _, bytes)) = self.ready.front() else {
-                break;
-            };
-            // One job always runs, however large its payload.
-            if self.running > 0 && self.running_bytes + bytes > job_budget {
-                break;
-            }
-            let Some((row, pos, bytes)) = self.ready.pop_front() else {
-                break;
-            };
-            self.ready_bytes -= bytes;
-            if !self.current(&pos) {
-                self.free(row.id);
+        let limit = max_jobs(self.limits.max_in_flight);
+        while let Some((row, _, _)) = self.ready.front() {
+            if let Some(dispatcher) = gate.limited(&row.event_name) {
+                let event_name = row.event_name.clone();
+                let i = self.rate_line(dispatcher, &event_name, now);
+                if let Some((row, pos, bytes)) = self.ready.pop_front() {
+                    self.line_up(i, row, pos, bytes);
+                }
                 continue;
             }
-            let serial = self.next_serial;
-            self.next_serial += 1;
-            self.running += 1;
-            self.running_bytes += bytes;
-            self.work.insert(row.id, Work::Running { serial, bytes });
-            out.push(Start { row, pos, serial });
+            if !self.may_start(limit, self.ready.front().map_or(0, |r| r.2)) {
+                break;
+            }
+            if let Some((row, pos, bytes)) = self.ready.pop_front() {
+                self.ready_bytes -= bytes;
+                self.start(row, pos, bytes, &mut out);
+            }
         }
+        for i in 0..self.rate_lines.len() {
+            self.count_throttled(i, now);
+            while self.may_start(limit, self.rate_lines[i].rows.front().map_or(0, |r| r.2)) {
+                let line = &mut self.rate_lines[i];
+                if line.rows.is_empty() || line.next_at.is_some_and(|at| at > now) {
+                    break;
+                }
+                match gate.permit(&line.event_name) {
+                    Ok(()) => {
+                        line.next_at = None;
+                        if let Some((row, pos, bytes)) = line.rows.pop_front() {
+                            self.ready_bytes -= bytes;
+                            self.start(row, pos, bytes, &mut out);
+                        }
+                    }
+                    Err(wait) => line.next_at = Some(now + wait),
+                }
+            }
+        }
+        self.metrics.jobs_running.set(self.running as i64);
+        self.metrics
+            .scheduler_waiting
+            .with_label_values(&["retry"])
+            .set(self.due.len() as i64);
+        self.metrics
+            .scheduler_waiting
+            .with_label_values(&["rate"])
+            .set(self.rate_lines.iter().map(RateLine::waiting).sum::<usize>() as i64);
         out
+    }
+
+    /// Whether one more job may start: under the job limit, and within the
+    /// jobs' half of the memory bound (one job always runs, however large
+    /// its payload).
+    fn may_start(&self, limit: usize, next: usize) -> bool {
+        self.running < limit
+            && (self.running == 0
+                || self.running_bytes + next <= self.limits.max_buffered_bytes / 2)
+    }
+
+    fn start(&mut self, row: OutboxEventRow, pos: Pos, bytes: usize, out: &mut Vec<Start>) {
+        if !self.current(&pos) {
+            self.free(row.id);
+            return;
+        }
+        let created = self.created.remove(&row.id);
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        self.running += 1;
+        self.running_bytes += bytes;
+        self.work.insert(
+            row.id,
+            Work::Running {
+                serial,
+                bytes,
+                created,
+            },
+        );
+        out.push(Start { row, pos, serial });
+    }
+
+    /// The line of a rate-limited dispatcher (made on its first event).
+    fn rate_line(&mut self, dispatcher: &str, event_name: &str, now: Instant) -> usize {
+        match self
+            .rate_lines
+            .iter()
+            .position(|l| l.dispatcher == dispatcher)
+        {
+            Some(i) => i,
+            None => {
+                self.rate_lines
+                    .push(RateLine::new(dispatcher, event_name, now));
+                self.rate_lines.len() - 1
+            }
+        }
+    }
+
+    /// A ready row of a rate-limited dispatcher joins its line: read ahead
+    /// while the line's head has room, else as its id only (read again
+    /// when its turn nears).
+    fn line_up(&mut self, i: usize, row: OutboxEventRow, pos: Pos, bytes: usize) {
+        let line = &mut self.rate_lines[i];
+        if line.rows.len() < LINE_ROWS {
+            line.rows.push_back((row, pos, bytes));
+            return;
+        }
+        self.ready_bytes -= bytes;
+        let created = self.created.remove(&row.id);
+        self.work.insert(row.id, Work::Throttled);
+        let expect = Expect {
+            attempts: Some(row.attempts),
+            updated_at: None,
+            created,
+        };
+        line.ids.push_back(Wanted::new(row.id, pos, expect));
+    }
+
+    /// Adds the time the line's events waited since it was last counted.
+    fn count_throttled(&mut self, i: usize, now: Instant) {
+        let line = &mut self.rate_lines[i];
+        let waited = now.saturating_duration_since(line.counted_at);
+        line.counted_at = now;
+        let n = line.waiting();
+        if n > 0 && !waited.is_zero() {
+            self.metrics
+                .dispatcher_throttled_seconds_total
+                .with_label_values(&[&line.dispatcher])
+                .inc_by(waited.as_secs_f64() * n as f64);
+        }
+    }
+
+    /// Job `serial` for `id` ended with a retry: its id waits here, with
+    /// no payload, until `wait` has passed, then is read again and decided
+    /// as a fresh event (sent only if the row is still pending with the
+    /// attempts the job left). Its message stays unfinished until then.
+    pub fn job_retry(
+        &mut self,
+        id: i64,
+        serial: u64,
+        pos: &Pos,
+        retry: crate::job::Retry,
+        now: Instant,
+    ) {
+        self.progress_at = now;
+        self.running = self.running.saturating_sub(1);
+        let Some(&Work::Running {
+            serial: s,
+            bytes,
+            created,
+        }) = self.work.get(&id)
+        else {
+            return;
+        };
+        if s != serial {
+            return;
+        }
+        self.running_bytes -= bytes;
+        if !self.current(pos) {
+            self.free(id);
+            return;
+        }
+        let expect = Expect {
+            attempts: Some(retry.attempts),
+            updated_at: None,
+            created,
+        };
+        self.work.insert(id, Work::Due);
+        self.due
+            .insert(now + retry.wait, Wanted::new(id, *pos, expect));
     }
 
     /// Job `serial` for `id` ended; `finished`: its message's work is done
@@ -778,7 +1052,10 @@ impl Scheduler {
         if finished {
             self.finish(pos);
         }
-        if let Some(&Work::Running { serial: s, bytes }) = self.work.get(&id) {
+        if let Some(&Work::Running {
+            serial: s, bytes, ..
+        }) = self.work.get(&id)
+        {
             if s == serial {
                 self.running_bytes -= bytes;
                 if self.announce_after.remove(&id) && unblocks {
@@ -816,6 +1093,7 @@ impl Scheduler {
     /// Triggers decided or being decided, not yet running.
     pub fn held(&self) -> usize {
         self.ready.len()
+            + self.rate_lines.iter().map(|l| l.rows.len()).sum::<usize>()
             + self.to_read.len()
             + self.rechecks.len()
             + self.reads.values().map(Vec::len).sum::<usize>()
@@ -838,8 +1116,15 @@ impl Scheduler {
         self.held() >= high_mark(self.limits.max_in_flight)
             || self.ready_bytes >= self.limits.max_buffered_bytes / 2
             || self.aggregate_queued >= MAX_AGGREGATE_QUEUED
+            || self.waiting_entries() >= MAX_WAITING
             || self.dead_letters >= MAX_DEAD_LETTERS
             || self.dead_letter_bytes >= self.limits.max_buffered_bytes / 8
+    }
+
+    /// Entries waiting for time to pass, with no payload: retries due
+    /// later and rate-limited events waiting for a permit.
+    pub fn waiting_entries(&self) -> usize {
+        self.due.len() + self.rate_lines.iter().map(|l| l.ids.len()).sum::<usize>()
     }
 
     /// A dead-letter send of `bytes` began; its message is finished by
@@ -879,6 +1164,7 @@ impl Scheduler {
             self.holding_since = None;
             if self.paused
                 && held <= self.limits.max_in_flight
+                && self.waiting_entries() <= MAX_WAITING / 4 * 3
                 && self.ready_bytes <= self.limits.max_buffered_bytes / 4
             {
                 self.paused = false;
@@ -906,7 +1192,18 @@ impl Scheduler {
     /// When the driver must call back without any other event: a re-read
     /// falls due, or a hold reaches its pause deadline.
     pub fn next_wakeup(&self) -> Option<Instant> {
-        let recheck = self.rechecks.values().map(|(at, _)| *at).min();
+        let recheck = self
+            .rechecks
+            .values()
+            .map(|(at, _)| *at)
+            .chain(self.due.next())
+            .chain(
+                self.rate_lines
+                    .iter()
+                    .filter(|l| !l.rows.is_empty())
+                    .filter_map(|l| l.next_at),
+            )
+            .min();
         let pause = self
             .holding_since
             .filter(|_| !self.paused)
@@ -921,6 +1218,10 @@ impl Scheduler {
     pub fn clear_waiting(&mut self) {
         self.ready.clear();
         self.ready_bytes = 0;
+        self.due.clear();
+        self.rate_lines.clear();
+        self.refill_of.clear();
+        self.created.clear();
         self.to_read.clear();
         self.rechecks.clear();
         self.deleted_while_reading.clear();
@@ -960,12 +1261,12 @@ fn backoff(first: Duration, max: Duration, tries: u32) -> Duration {
         .min(max)
 }
 
-/// How many jobs may exist now: `max_in_flight` holding a slot and as many
-/// waiting for one (a slot freed is taken without waiting for a turn of
-/// the consumer loop), plus one for each job waiting for its retry time,
-/// up to [`WAITING_PER_SLOT`] per slot.
-pub fn max_jobs(max_in_flight: usize, waiting: usize) -> usize {
-    (2 * max_in_flight).saturating_add(waiting.min(max_in_flight.saturating_mul(WAITING_PER_SLOT)))
+/// How many jobs may exist at once: `max_in_flight` holding a slot and
+/// as many waiting for one (a slot freed is taken without waiting for a
+/// turn of the consumer loop). A job is one attempt: nothing that waits
+/// for time to pass is a job.
+pub fn max_jobs(max_in_flight: usize) -> usize {
+    2 * max_in_flight
 }
 
 /// How many triggers may wait here before fetching holds.

@@ -91,6 +91,25 @@ impl Harness {
         read
     }
 
+    /// Answers every read due, until none is, each row as `read` says.
+    fn read_all(&mut self, read: impl Fn(i64) -> RowRead) {
+        loop {
+            let reads = self.s.take_reads(self.now);
+            if reads.is_empty() {
+                return;
+            }
+            for r in reads {
+                let rows = r.ids.iter().map(|&id| read(id)).collect();
+                self.s.rows_read(r.ticket, Ok(rows), self.now);
+            }
+        }
+    }
+
+    /// The jobs to start now, with no rate limits.
+    fn starts(&mut self) -> Vec<Start> {
+        self.s.take_starts(self.now, &NoLimits)
+    }
+
     fn commit(&self, partition: i32) -> Option<i64> {
         self.s
             .commits()
@@ -112,7 +131,7 @@ fn a_pending_row_becomes_a_job_and_its_end_commits_the_message() {
     let mut h = Harness::new(4);
     let pos = h.message(0, &trig(1, 0, 0));
     assert_eq!(h.answer(vec![pending(1)]).ids, vec![1]);
-    let starts = h.s.take_starts(0, 0);
+    let starts = h.starts();
     assert_eq!(starts.len(), 1);
     assert_eq!(starts[0].row.id, 1);
     assert_eq!(h.commit(0), Some(0), "not committed while the job runs");
@@ -126,7 +145,7 @@ fn triggers_for_a_running_id_wait_and_are_decided_once_from_the_database() {
     let mut h = Harness::new(4);
     let first = h.message(0, &trig(1, 0, 0));
     h.answer(vec![pending(1)]);
-    let job = h.s.take_starts(0, 0).remove(0);
+    let job = h.starts().remove(0);
     // Two echoes of the job's own writes arrive while it runs.
     h.message(1, &trig(1, 1, 10));
     h.message(2, &trig(1, 2, 20));
@@ -148,7 +167,7 @@ fn triggers_for_a_running_id_wait_and_are_decided_once_from_the_database() {
     assert_eq!(read.ids, vec![1]);
     assert_eq!(h.skips("stale"), 1);
     assert_eq!(h.commit(0), Some(3), "every echo is finished");
-    assert!(h.s.take_starts(0, 0).is_empty());
+    assert!(h.starts().is_empty());
 }
 
 /// A resend committed while a job of the same id runs, not yet visible
@@ -159,7 +178,7 @@ fn a_deferred_resend_not_yet_visible_is_waited_for_not_dropped() {
     let mut h = Harness::new(4);
     let first = h.message(0, &trig(1, 0, 0));
     h.answer(vec![pending(1)]);
-    let job = h.s.take_starts(0, 0).remove(0);
+    let job = h.starts().remove(0);
     // The job's own failure (attempt 3, failed at 30 ms), then an operator's
     // resend (pending, 0 attempts, at 40 ms), both while the job runs.
     h.message(1, &trig(1, 3, 30));
@@ -171,11 +190,11 @@ fn a_deferred_resend_not_yet_visible_is_waited_for_not_dropped() {
     h.answer(vec![RowRead::Row(failed)]);
     assert_eq!(h.skips("stale"), 0, "the resend's event is not dropped");
     assert_eq!(h.commit(0), Some(2), "the resend's message waits");
-    assert!(h.s.take_starts(0, 0).is_empty());
+    assert!(h.starts().is_empty());
     // The resend becomes visible: it is sent.
     h.now = h.s.next_wakeup().expect("a re-read is scheduled");
     h.answer(vec![RowRead::Row(row(1, Status::Pending, 0, 40))]);
-    let job = h.s.take_starts(0, 0);
+    let job = h.starts();
     assert_eq!(job.len(), 1, "the resend is sent");
     h.s.job_ended(1, job[0].serial, &job[0].pos, true, h.now);
     assert_eq!(h.commit(0), Some(3));
@@ -189,14 +208,14 @@ fn a_row_not_yet_visible_is_read_again_and_sent_when_it_appears() {
     h.answer(vec![]);
     assert_eq!(h.skips("row_missing"), 0, "not given up");
     assert_eq!(h.commit(0), Some(0), "the offset waits for the row");
-    assert!(h.s.take_starts(0, 0).is_empty());
+    assert!(h.starts().is_empty());
     let due = h.s.next_wakeup().expect("a re-read is scheduled");
     assert!(due > h.now && due <= h.now + Duration::from_secs(2));
     assert!(h.s.take_reads(h.now).is_empty(), "not before it is due");
     h.now = due;
     h.answer(vec![pending(7)]);
     assert_eq!(h.metrics.cdc_rows_visible_late_total.get(), 1);
-    let job = h.s.take_starts(0, 0);
+    let job = h.starts();
     assert_eq!(job.len(), 1, "the late row is sent");
     h.s.job_ended(7, job[0].serial, &job[0].pos, true, h.now);
     assert_eq!(h.commit(0), Some(2));
@@ -234,7 +253,7 @@ fn a_row_older_than_its_event_is_read_again() {
     );
     h.now = h.s.next_wakeup().unwrap();
     h.answer(vec![RowRead::Row(row(3, Status::Pending, 0, 100))]);
-    assert_eq!(h.s.take_starts(0, 0).len(), 1);
+    assert_eq!(h.starts().len(), 1);
     // Without updated_at, fewer attempts than the event's is older.
     let older = Expect {
         attempts: Some(2),
@@ -251,7 +270,7 @@ fn an_older_pending_row_is_sent_at_the_bound_not_dropped() {
     let mut h = Harness::new(4);
     h.message(0, &trig(3, 1, 5_000));
     h.answer(vec![RowRead::Row(row(3, Status::Pending, 1, 0))]);
-    while h.s.take_starts(0, 0).is_empty() {
+    while h.starts().is_empty() {
         h.now = h.s.next_wakeup().expect("re-read scheduled");
         h.answer(vec![RowRead::Row(row(3, Status::Pending, 1, 0))]);
     }
@@ -299,7 +318,7 @@ fn an_undecodable_row_is_skipped_and_its_neighbours_go_on() {
         pending(3),
     ]);
     assert_eq!(h.skips("undecodable_row"), 1);
-    let ids: Vec<i64> = h.s.take_starts(0, 0).iter().map(|s| s.row.id).collect();
+    let ids: Vec<i64> = h.starts().iter().map(|s| s.row.id).collect();
     assert_eq!(ids, vec![1, 3]);
 }
 
@@ -322,7 +341,7 @@ fn a_failed_read_is_made_again_and_leaves_the_loop_free() {
     assert_eq!(h.skips("row_missing"), 0);
     h.now = h.s.next_wakeup().unwrap();
     h.answer(vec![pending(1)]);
-    assert_eq!(h.s.take_starts(0, 0).len(), 1);
+    assert_eq!(h.starts().len(), 1);
 }
 
 #[test]
@@ -375,7 +394,7 @@ fn an_incremental_assign_keeps_the_partitions_already_held() {
     let mut h = Harness::new(4);
     let pos = h.message(0, &trig(1, 0, 0));
     h.answer(vec![pending(1)]);
-    let job = h.s.take_starts(0, 0).remove(0);
+    let job = h.starts().remove(0);
     // Cooperative: partition 2 is added; 0 and 1 stay as they are (an
     // assign of a partition already held changes nothing either).
     h.s.assign(&[2]);
@@ -404,7 +423,7 @@ fn an_incremental_revoke_leaves_the_kept_partitions_alone() {
         let rows = read.ids.iter().map(|&id| pending(id)).collect();
         h.s.rows_read(read.ticket, Ok(rows), h.now);
     }
-    let starts = h.s.take_starts(0, 0);
+    let starts = h.starts();
     assert_eq!(starts.len(), 2);
     h.s.revoke(&[1]);
     assert_eq!(h.s.partitions(), vec![0]);
@@ -422,7 +441,7 @@ fn a_revoke_drops_what_waits_and_a_late_job_end_is_harmless() {
     h.message(1, &trig(2, 0, 0));
     h.message(2, &trig(3, 0, 0));
     h.answer(vec![pending(1), pending(2)]);
-    let job = h.s.take_starts(0, 0);
+    let job = h.starts();
     assert_eq!(job.len(), 2, "max_in_flight 1 → 2 jobs");
     h.s.revoke(&[0]);
     assert_eq!(h.s.held(), 0, "the missing row's re-read is dropped");
@@ -445,7 +464,7 @@ fn a_job_that_ends_unfinished_frees_its_id_and_keeps_its_message() {
     let mut h = Harness::new(4);
     let pos = h.message(0, &trig(1, 0, 0));
     h.answer(vec![pending(1)]);
-    let job = h.s.take_starts(0, 0).remove(0);
+    let job = h.starts().remove(0);
     h.s.job_ended(1, job.serial, &pos, false, h.now);
     assert_eq!(h.commit(0), Some(0));
     assert!(h.s.busy_ids().is_empty());
@@ -460,28 +479,153 @@ fn jobs_are_started_up_to_the_limit() {
         h.message(i, &trig(i + 1, 0, 0));
     }
     h.answer((1..=10).map(pending).collect());
-    assert_eq!(h.s.take_starts(0, 0).len(), max_jobs(2, 0));
-    assert!(h.s.take_starts(0, 0).is_empty());
-    // Jobs waiting out retry_delay hold no slot: more may start.
-    assert_eq!(h.s.take_starts(3, 0).len(), 3);
-    assert_eq!(max_jobs(2, 100), 4 + 2 * WAITING_PER_SLOT);
+    assert_eq!(h.starts().len(), max_jobs(2));
+    assert_eq!(max_jobs(2), 4, "max_in_flight sending and as many ready to");
+    assert!(h.starts().is_empty());
+}
+
+/// A fake of the dispatchers' limits: `limited.*` events are limited, and
+/// `permits` says how many permits are left (then a wait of 100 ms).
+struct Permits {
+    left: std::cell::Cell<usize>,
+}
+
+impl Gate for Permits {
+    fn limited(&self, event_name: &str) -> Option<&str> {
+        event_name.starts_with("limited.").then_some("limited")
+    }
+    fn permit(&self, _: &str) -> Result<(), Duration> {
+        match self.left.get() {
+            0 => Err(Duration::from_millis(100)),
+            n => {
+                self.left.set(n - 1);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn limited(id: i64) -> RowRead {
+    let mut r = row(id, Status::Pending, 0, 0);
+    r.event_name = "limited.tick".into();
+    RowRead::Row(r)
 }
 
 #[test]
-fn jobs_waiting_for_a_rate_limit_take_no_place_in_the_limit() {
+fn a_failed_attempt_waits_as_an_entry_and_is_read_again_when_due() {
     let mut h = Harness::new(1);
-    for i in 0..16 {
+    let pos = h.message(0, &trig(1, 0, 0));
+    h.answer(vec![pending(1)]);
+    let job = h.starts().remove(0);
+    let retry = crate::job::Retry {
+        wait: Duration::from_secs(5),
+        attempts: 1,
+        updated_at: ts(10),
+    };
+    h.s.job_retry(1, job.serial, &pos, retry, h.now);
+    // No job, no payload: an entry due in 5 s; its message unfinished.
+    assert_eq!(h.s.running(), 0);
+    assert_eq!(h.s.waiting_entries(), 1);
+    assert_eq!(h.commit(0), Some(0), "its message is unfinished");
+    assert_eq!(h.s.next_wakeup(), Some(h.now + Duration::from_secs(5)));
+    assert!(h.s.take_reads(h.now).is_empty());
+    // Another event goes meanwhile: the retry takes no place.
+    h.message(1, &trig(2, 0, 0));
+    h.answer(vec![pending(2)]);
+    assert_eq!(h.starts().len(), 1);
+    h.advance(Duration::from_secs(5));
+    // Due: read again, and started if it is still as the job left it.
+    let mut again = row(1, Status::Pending, 1, 10);
+    again.updated_at = ts(10);
+    let read = h.answer(vec![RowRead::Row(again)]);
+    assert_eq!(read.ids, vec![1]);
+    assert_eq!(h.starts().len(), 1);
+}
+
+#[test]
+fn a_retry_whose_row_was_decided_meanwhile_is_not_started() {
+    let mut h = Harness::new(1);
+    let pos = h.message(0, &trig(1, 0, 0));
+    h.answer(vec![pending(1)]);
+    let job = h.starts().remove(0);
+    let retry = crate::job::Retry {
+        wait: Duration::from_secs(5),
+        attempts: 1,
+        updated_at: ts(10),
+    };
+    h.s.job_retry(1, job.serial, &pos, retry, h.now);
+    h.advance(Duration::from_secs(5));
+    // An operator failed it by hand meanwhile.
+    h.answer(vec![RowRead::Row(row(1, Status::Failed, 1, 20))]);
+    assert!(h.starts().is_empty());
+    assert_eq!(h.commit(0), Some(1), "its message is finished");
+    assert!(h.s.busy_ids().is_empty());
+}
+
+#[test]
+fn a_rate_limited_backlog_takes_no_job_and_no_payload_and_others_go_past_it() {
+    let mut h = Harness::new(1);
+    let n = 200;
+    for i in 0..n {
         h.message(i, &trig(i + 1, 0, 0));
     }
-    h.answer((1..=16).map(pending).collect());
-    assert_eq!(h.s.take_starts(0, 0).len(), max_jobs(1, 0));
-    assert!(h.s.take_starts(0, 0).is_empty());
-    // However many wait for a limit, as many more may start (a waiting
-    // cap, as for retry waits, would let a limited dispatcher's backlog
-    // keep every other dispatcher's events from starting).
-    assert_eq!(h.s.take_starts(0, 10).len(), 10);
-    assert_eq!(h.s.take_starts(0, 10).len(), 0);
-    assert_eq!(h.s.take_starts(0, 15).len(), 16 - 12);
+    // Read in batches; every row the limited dispatcher's.
+    h.read_all(limited);
+    let gate = Permits {
+        left: std::cell::Cell::new(1),
+    };
+    // One permit: one job; the rest wait as entries, no job started.
+    assert_eq!(h.s.take_starts(h.now, &gate).len(), 1);
+    assert_eq!(h.s.running(), 1);
+    assert_eq!(h.s.held(), LINE_ROWS - 1, "only the line's head holds rows");
+    assert_eq!(h.s.waiting_entries(), n as usize - LINE_ROWS);
+    // Another dispatcher's event goes past the line (within the job limit).
+    h.message(n, &trig(n + 1, 0, 0));
+    h.read_all(|id| {
+        if id == n + 1 {
+            pending(id)
+        } else {
+            limited(id)
+        }
+    });
+    let past = h.s.take_starts(h.now, &gate);
+    assert_eq!(past.len(), 1);
+    assert_eq!(past[0].row.id, n + 1);
+    // The line asks again when its limiter said.
+    assert_eq!(h.s.next_wakeup(), Some(h.now + Duration::from_millis(100)));
+    // Permits granted: as many jobs, never past the job limit.
+    gate.left.set(100);
+    h.advance(Duration::from_millis(100));
+    let more = h.s.take_starts(h.now, &gate);
+    assert_eq!(more.len(), max_jobs(1) - 2);
+    assert!(h.s.running() <= max_jobs(1));
+}
+
+#[test]
+fn a_rate_line_reads_its_ids_again_as_its_head_empties() {
+    let mut h = Harness::new(4);
+    let n = 40;
+    for i in 0..n {
+        h.message(i, &trig(i + 1, 0, 0));
+    }
+    h.read_all(limited);
+    let gate = Permits {
+        left: std::cell::Cell::new(usize::MAX),
+    };
+    let mut started = Vec::new();
+    let mut turns = 0;
+    while started.len() < n as usize {
+        turns += 1;
+        assert!(turns < 100, "the line drains: {} started", started.len());
+        for s in h.s.take_starts(h.now, &gate) {
+            started.push(s.row.id);
+            h.s.job_ended(s.row.id, s.serial, &s.pos, true, h.now);
+        }
+        h.read_all(limited);
+    }
+    started.sort();
+    assert_eq!(started, (1..=n).collect::<Vec<_>>());
+    assert_eq!(h.commit(0), Some(n));
 }
 
 #[test]
@@ -560,7 +704,7 @@ fn large_payloads_are_bounded_by_bytes_not_rows() {
             );
         }
         // Jobs take at most half the budget (one always runs).
-        let jobs = h.s.take_starts(0, 0);
+        let jobs = h.starts();
         let job_bytes: usize = jobs.iter().map(|s| payload_bytes(&s.row.payload)).sum();
         assert!(job_bytes <= budget / 2 + (210 << 10), "{job_bytes}");
         if h.s.holding() {
@@ -672,7 +816,7 @@ fn an_aggregate_decides_one_event_at_a_time_and_a_retry_does_not_let_the_next_st
         let rows = r.ids.iter().map(|&id| in_line(id, None)).collect();
         h.s.rows_read(r.ticket, Ok(rows), h.now);
     }
-    let starts = h.s.take_starts(0, 0);
+    let starts = h.starts();
     assert_eq!(
         starts.iter().map(|s| s.row.id).collect::<Vec<_>>(),
         vec![1, 9]
@@ -698,7 +842,7 @@ fn an_aggregate_decides_one_event_at_a_time_and_a_retry_does_not_let_the_next_st
     let r = h.reads_due();
     assert_eq!(r[0].ids, vec![2], "now event 2");
     h.s.rows_read(r[0].ticket, Ok(vec![in_line(2, None)]), h.now);
-    let starts = h.s.take_starts(0, 0);
+    let starts = h.starts();
     assert_eq!(starts[0].row.id, 2);
     h.s.job_ended_in(2, starts[0].serial, &p2, true, true, h.now);
     assert_eq!(h.s.aggregate_queued(), 0);
@@ -715,7 +859,7 @@ fn an_event_behind_a_failed_one_is_parked_and_its_message_finished() {
     h.ordered(0, 2, &trig(3, 0, 0), "a");
     let r = h.reads_due();
     h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
-    let start = h.s.take_starts(0, 0).remove(0);
+    let start = h.starts().remove(0);
     // 1 ends failed under "hold": it does not let 2 and 3 go.
     h.s.job_ended_in(1, start.serial, &p1, true, false, h.now);
     assert!(h.s.take_announcements().is_empty());
@@ -723,10 +867,7 @@ fn an_event_behind_a_failed_one_is_parked_and_its_message_finished() {
         let r = h.reads_due();
         assert_eq!(r[0].ids, vec![id]);
         h.s.rows_read(r[0].ticket, Ok(vec![in_line(id, Some(1))]), h.now);
-        assert!(
-            h.s.take_starts(0, 0).is_empty(),
-            "{id} is held, not started"
-        );
+        assert!(h.starts().is_empty(), "{id} is held, not started");
     }
     assert_eq!(h.metrics.ordering_parked_total.get(), 2);
     assert_eq!(
@@ -746,7 +887,7 @@ fn a_resent_head_that_is_sent_announces_the_events_parked_behind_it() {
     let p1 = h.ordered(0, 0, &touched(1, 0), "a");
     let r = h.reads_due();
     h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
-    let start = h.s.take_starts(0, 0).remove(0);
+    let start = h.starts().remove(0);
     h.s.job_ended_in(1, start.serial, &p1, true, true, h.now);
     assert_eq!(h.s.take_announcements(), vec![1]);
     // Decided on its insert on the aggregate's partition, nothing can have
@@ -754,7 +895,7 @@ fn a_resent_head_that_is_sent_announces_the_events_parked_behind_it() {
     let p4 = h.ordered(0, 1, &trig(4, 0, 0), "c");
     let r = h.reads_due();
     h.s.rows_read(r[0].ticket, Ok(vec![in_line(4, None)]), h.now);
-    let start = h.s.take_starts(0, 0).remove(0);
+    let start = h.starts().remove(0);
     h.s.job_ended_in(4, start.serial, &p4, true, true, h.now);
     assert!(h.s.take_announcements().is_empty());
     // A resent head that fails again (under "hold") announces nothing;
@@ -762,13 +903,13 @@ fn a_resent_head_that_is_sent_announces_the_events_parked_behind_it() {
     let p5 = h.ordered(0, 2, &touched(5, 0), "d");
     let r = h.reads_due();
     h.s.rows_read(r[0].ticket, Ok(vec![in_line(5, None)]), h.now);
-    let start = h.s.take_starts(0, 0).remove(0);
+    let start = h.starts().remove(0);
     h.s.job_ended_in(5, start.serial, &p5, true, false, h.now);
     assert!(h.s.take_announcements().is_empty());
     let p5 = h.ordered(0, 3, &touched(5, 0), "d");
     let r = h.reads_due();
     h.s.rows_read(r[0].ticket, Ok(vec![in_line(5, None)]), h.now);
-    let start = h.s.take_starts(0, 0).remove(0);
+    let start = h.starts().remove(0);
     h.s.job_ended_in(5, start.serial, &p5, true, true, h.now);
     assert_eq!(h.s.take_announcements(), vec![5]);
 }
@@ -780,7 +921,7 @@ fn an_event_parked_behind_a_running_one_is_announced_when_that_one_is_sent() {
     // behind 7 in the database; 7 was read before 8 existed.
     let p7 = h.message(0, &trig(7, 0, 0));
     h.answer(vec![in_line(7, None)]);
-    let start = h.s.take_starts(0, 0).remove(0);
+    let start = h.starts().remove(0);
     h.message(1, &trig(8, 0, 0));
     h.answer(vec![in_line(8, Some(7))]);
     h.s.job_ended_in(7, start.serial, &p7, true, true, h.now);
@@ -799,7 +940,7 @@ fn a_revoke_mid_aggregate_drops_its_line_and_the_next_owner_replays_it() {
         let rows = r.ids.iter().map(|&id| in_line(id, None)).collect();
         h.s.rows_read(r.ticket, Ok(rows), h.now);
     }
-    let starts = h.s.take_starts(0, 0);
+    let starts = h.starts();
     let s1 = starts.iter().find(|s| s.row.id == 1).unwrap().serial;
     h.s.revoke(&[1]);
     assert_eq!(h.s.aggregate_queued(), 1, "a's line is gone, b's stays");
@@ -822,7 +963,7 @@ fn an_echo_of_a_later_event_waits_in_line_behind_the_head() {
     let p1 = h.ordered(0, 0, &trig(1, 0, 0), "a");
     let r = h.reads_due();
     h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
-    let start = h.s.take_starts(0, 0).remove(0);
+    let start = h.starts().remove(0);
     // 2's change event (and a second one for it) arrive while 1 is undecided.
     h.ordered(0, 1, &trig(2, 0, 0), "a");
     h.ordered(0, 2, &trig(2, 0, 10), "a");

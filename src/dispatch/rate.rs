@@ -173,6 +173,20 @@ impl Throttle {
             .clone()
     }
 
+    /// Takes a permit for one request now, or says how long until one may
+    /// be asked for again (no share: [`RECHECK`]). Nothing waits here: the
+    /// scheduler keeps the event's turn as an entry with that due time.
+    pub fn try_take(&self) -> Result<(), Duration> {
+        match self.bucket() {
+            None => Err(RECHECK),
+            Some(bucket) => bucket.check().map_err(|not_until| {
+                not_until
+                    .wait_time_from(bucket.clock().now())
+                    .clamp(Duration::from_millis(1), RECHECK)
+            }),
+        }
+    }
+
     /// Waits until this replica's share lets one more request go; returns
     /// its turn and how long it waited. The turn is held until the request
     /// has its send slot: the next in line takes no token before, so a
@@ -246,6 +260,19 @@ mod tests {
         // An unchanged share keeps its bucket: still paced.
         t.set_share(3, 6);
         assert!(t.wait().await.1 >= Duration::from_millis(60));
+    }
+
+    #[test]
+    fn a_permit_is_taken_at_once_or_its_wait_is_told() {
+        let t = Throttle::new(Rate::parse("10/s", Some(2)).unwrap());
+        assert_eq!(t.try_take(), Err(RECHECK), "no share, no permit");
+        t.set_share(1, 1); // 10/s: a bucket of 1
+        assert_eq!(t.try_take(), Ok(()));
+        let wait = t.try_take().unwrap_err();
+        assert!(
+            wait > Duration::from_millis(50) && wait <= RECHECK,
+            "{wait:?}"
+        );
     }
 
     #[tokio::test]

@@ -161,3 +161,28 @@ fn results_of_requests_sent_before_it_opened_change_nothing() {
     b.report(t0, true, false);
     assert_eq!(b.state_name(), "open");
 }
+
+#[test]
+fn a_probe_granted_and_never_reported_is_announced_again_by_the_clock() {
+    let t0 = Instant::now();
+    let mut b = breaker();
+    for _ in 0..3 {
+        b.report(t0, false, false);
+    }
+    b.park(7);
+    let over = t0 + Duration::from_secs(30);
+    assert_eq!(b.tick(over), Tick::AnnounceProbe(vec![7]));
+    // The announced row comes back and is granted the probe; its job is
+    // then cancelled (a revoke): it never reports.
+    assert!(matches!(b.verdict(over, 3), Verdict::Probe));
+    assert_eq!(b.state_name(), "half-open");
+    assert_eq!(b.tick(over + Duration::from_secs(29)), Tick::Nothing);
+    // A cool-down later the clock alone (no other row asking) grants a
+    // new probe: the breaker does not stay half-open for good.
+    let later = over + Duration::from_secs(30);
+    assert_eq!(b.tick(later), Tick::AnnounceProbe(vec![7]));
+    assert!(matches!(b.verdict(later, 3), Verdict::Probe));
+    b.report(later, true, true);
+    assert_eq!(b.state_name(), "closed");
+    assert_eq!(b.tick(later), Tick::AnnounceAll);
+}
