@@ -64,6 +64,9 @@ pub struct Holds {
     breakers: HashMap<String, Mutex<Breaker>>,
     /// Signalled when a probe reports.
     probed: Notify,
+    /// Partitions left this replica since the breakers' clock last looked:
+    /// what its breakers parked is announced again for the next owner.
+    partitions_left: std::sync::atomic::AtomicBool,
 }
 
 impl Holds {
@@ -84,6 +87,7 @@ impl Holds {
                 .map(|(name, s)| (name, Mutex::new(Breaker::new(s))))
                 .collect(),
             probed: Notify::new(),
+            partitions_left: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -277,6 +281,21 @@ impl Holds {
             .inc();
     }
 
+    /// Partitions were revoked from this replica: the rows its breakers
+    /// parked may be the next owner's now, and nothing else would announce
+    /// them there (this replica's breaker releases only its own), so the
+    /// breakers' clock announces them again at its next tick.
+    pub fn partitions_left(&self) {
+        if self
+            .breakers
+            .values()
+            .any(|b| b.lock().unwrap_or_else(|e| e.into_inner()).has_parked())
+        {
+            self.partitions_left
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Runs each breaker's clock until `stop`: announces a parked row as
     /// the probe when a cool-down ends, every pending row of the
     /// dispatcher (`dispatchers` maps each to its event names) once the
@@ -291,6 +310,12 @@ impl Holds {
             return;
         }
         loop {
+            if self
+                .partitions_left
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+            {
+                self.announce_parked(&dispatchers, "partitions moved").await;
+            }
             for (name, breaker) in &self.breakers {
                 let action = {
                     let mut b = breaker.lock().unwrap_or_else(|e| e.into_inner());
@@ -343,7 +368,7 @@ impl Holds {
             }
             tokio::select! {
                 _ = stop.cancelled() => {
-                    self.announce_parked_at_exit(&dispatchers).await;
+                    self.announce_parked(&dispatchers, "stopping").await;
                     return;
                 }
                 _ = tokio::time::sleep(BREAKER_TICK) => {}
@@ -357,7 +382,10 @@ impl Holds {
     /// replica restarted, or another) to decide. Bounded by
     /// [`EXIT_ANNOUNCE_LIMIT`]; what is left is said at ERROR with the
     /// command that finishes it.
-    async fn announce_parked_at_exit(&self, dispatchers: &BTreeMap<String, Vec<String>>) {
+    /// Also when partitions leave this replica (`why`): the rows parked
+    /// are then forgotten here (announced, they come back to whichever
+    /// replica owns them, parked again if its breaker is open).
+    async fn announce_parked(&self, dispatchers: &BTreeMap<String, Vec<String>>, why: &str) {
         for (name, breaker) in &self.breakers {
             if !breaker
                 .lock()
@@ -375,13 +403,16 @@ impl Holds {
             .await;
             match announced {
                 Ok(Ok(n)) => {
-                    tracing::info!(dispatcher = %name, announced = n, "stopping: the events this replica's breaker parked announced again for the next owner");
+                    tracing::info!(dispatcher = %name, announced = n, "{why}: the events this replica's breaker parked announced again for the next owner");
+                    let mut b = breaker.lock().unwrap_or_else(|e| e.into_inner());
+                    b.parked.count = 0;
+                    b.parked.announce_all = false;
                 }
                 Ok(Err(e)) => {
-                    tracing::error!(dispatcher = %name, error = %e, "stopping: the events this replica's breaker parked could not all be announced again; run `outbox-sidecar dispatchers resume {name}` once a replica runs");
+                    tracing::error!(dispatcher = %name, error = %e, "{why}: the events this replica's breaker parked could not all be announced again; run `outbox-sidecar dispatchers resume {name}` once a replica runs");
                 }
                 Err(_) => {
-                    tracing::error!(dispatcher = %name, limit = ?EXIT_ANNOUNCE_LIMIT, "stopping: announcing the events this replica's breaker parked took too long; run `outbox-sidecar dispatchers resume {name}` once a replica runs");
+                    tracing::error!(dispatcher = %name, limit = ?EXIT_ANNOUNCE_LIMIT, "{why}: announcing the events this replica's breaker parked took too long; run `outbox-sidecar dispatchers resume {name}` once a replica runs");
                 }
             }
         }

@@ -8,16 +8,24 @@
 //! 2. [`consumer::schedule`] decides what to do with each trigger — with
 //!    no Kafka and no database in it: the rows to read (off the loop, many
 //!    ids per query, again later when a row is not visible yet), one
-//!    [`job`] per pending row, at most `dispatch.max_in_flight` sending at
-//!    once and at most one per id, the offsets that may be committed, when
-//!    to pause fetching. [`consumer`] is the thin driver around librdkafka
-//!    that carries those decisions out.
-//! 3. The [`job`] POSTs the row through the [`dispatch`] registry and turns
-//!    the outcome into a transition ([`transition`], R-004's decision table
-//!    as pure functions): `mark_sent` or `register_failure`, conditional
-//!    writes batched by [`store::batch`]; a failure below `max_attempts`
-//!    waits `retry_delay`, re-reads the row and tries again.
-//! 4. When a job ends, [`consumer::offsets`] lets its message be committed.
+//!    [`job`] per attempt, at most `dispatch.max_in_flight` sending at once
+//!    and at most one per id, the offsets that may be committed, when to
+//!    pause fetching. Everything that waits for time to pass is the
+//!    scheduler's, as entries with no payload (`schedule::waits`): a retry,
+//!    a rate-limited dispatcher's turn (its limiter's permit); with
+//!    `[ordering]`, each aggregate's line (`schedule::lines`), and an
+//!    aggregate released by a resend read here event after event.
+//!    [`consumer`] is the thin driver around librdkafka that carries those
+//!    decisions out.
+//! 3. The [`job`] makes one attempt: holds ([`hold`]: pause, breaker),
+//!    POST through the [`dispatch`] registry (trace context from
+//!    [`tracer`] and [`trace_context`]), then the outcome as a transition
+//!    ([`transition`], R-004's decision table as pure functions):
+//!    `mark_sent` or `register_failure`, conditional writes batched by
+//!    [`store::batch`]; a failure below `max_attempts` ends the job with a
+//!    retry, due `retry_delay` later in the scheduler.
+//! 4. When an event's last job ends, [`consumer::offsets`] lets its message
+//!    be committed.
 //!
 //! A job runs under its partition's [`lease`]: a revoke or the shutdown
 //! cancels it and waits for the POSTs under way to write their status

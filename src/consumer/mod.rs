@@ -151,14 +151,23 @@ struct Replies {
     /// message is finished.
     dlq_tx: mpsc::UnboundedSender<(Pos, usize)>,
     dlq_rx: mpsc::UnboundedReceiver<(Pos, usize)>,
+    /// Aggregates' next pending events found by release reads.
+    release_tx: mpsc::UnboundedSender<Released>,
+    release_rx: mpsc::UnboundedReceiver<Released>,
 }
+
+/// A release read's answer: (after, next, position).
+type Released = (i64, i64, Pos);
 
 impl Replies {
     fn new() -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (read_tx, read_rx) = mpsc::unbounded_channel();
         let (dlq_tx, dlq_rx) = mpsc::unbounded_channel();
+        let (release_tx, release_rx) = mpsc::unbounded_channel();
         Replies {
+            release_tx,
+            release_rx,
             done_tx,
             done_rx,
             read_tx,
@@ -245,7 +254,10 @@ impl Pipeline {
                 self.spawn_job(start, replies.done_tx.clone());
             }
             for after in sched.take_announcements() {
-                self.spawn_announce(after);
+                match sched.release_pos(after) {
+                    Some(pos) => self.spawn_release(after, pos, replies.release_tx.clone()),
+                    None => self.spawn_announce(after),
+                }
             }
             client::store_offsets(&self.consumer, sched.take_commits());
             if let Some(flow) = sched.flow(now) {
@@ -268,6 +280,11 @@ impl Pipeline {
                 }
                 Some((ticket, result)) = replies.read_rx.recv() => {
                     sched.rows_read(ticket, result, TokioInstant::now());
+                }
+                Some((after, next, pos)) = replies.release_rx.recv() => {
+                    if !sched.released(next, pos) {
+                        self.spawn_announce(after);
+                    }
                 }
                 Some((pos, bytes)) = replies.dlq_rx.recv() => {
                     sched.dead_letter_ended(&pos, bytes, TokioInstant::now());
@@ -324,6 +341,7 @@ impl Pipeline {
             }
             GroupEvent::Revoke { parts, hand_off } => {
                 sched.revoke(&parts);
+                self.ctx.holds.partitions_left();
                 if let Some(revocation) = hand_off {
                     let tx = self.hand_offs.clone();
                     tokio::spawn(async move {
@@ -478,44 +496,33 @@ impl Pipeline {
         );
     }
 
-    /// Announces an aggregate's next pending event again, off the loop,
-    /// trying again with a back-off: an event parked behind `after` waits
-    /// for this (or an operator's `events retrigger`).
+    /// Announces an aggregate's next pending event again (touches it), off
+    /// the loop: for the next owner of its partition.
     fn spawn_announce(&self, after: i64) {
+        tokio::spawn(announce(self.store.clone(), self.metrics.clone(), after));
+    }
+
+    /// Releases an aggregate's next pending event here, with no round trip
+    /// through the change feed (a touch, Debezium, the topic, a fetch: tens
+    /// of milliseconds an event, more on a broker that does not wake a
+    /// waiting fetch): it is read off the loop and decided on `pos`, its
+    /// aggregate's partition, still this replica's. A read that fails falls
+    /// back to the announcement.
+    fn spawn_release(&self, after: i64, pos: Pos, tx: mpsc::UnboundedSender<Released>) {
         let store = self.store.clone();
         let metrics = self.metrics.clone();
         tokio::spawn(async move {
-            let mut wait = Duration::from_millis(200);
-            for attempt in 1..=6 {
-                match tokio::time::timeout(READ_DEADLINE, store.announce_next(after)).await {
-                    Ok(Ok(touched)) => {
-                        if touched.is_some() {
-                            metrics.ordering_announced_total.inc();
-                        }
-                        debug!(
-                            after,
-                            ?touched,
-                            "announced the aggregate's next pending event"
-                        );
-                        return;
-                    }
-                    Ok(Err(e)) => {
-                        warn!(after, attempt, error = %e, "cannot announce the aggregate's next pending event")
-                    }
-                    Err(_) => warn!(
-                        after,
-                        attempt, "announcing the aggregate's next pending event took too long"
-                    ),
+            match tokio::time::timeout(READ_DEADLINE, store.next_pending_after(after)).await {
+                Ok(Ok(Some(next))) => {
+                    let _ = tx.send((after, next, pos));
                 }
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(10));
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => {
+                    warn!(after, error = %e, "cannot read the aggregate's next pending event; announcing it instead");
+                    announce(store, metrics, after).await;
+                }
+                Err(_) => announce(store, metrics, after).await,
             }
-            metrics.ordering_announce_failures_total.inc();
-            error!(
-                after,
-                "gave up announcing the next pending event of event {after}'s aggregate: \
-                 run outbox-sidecar events retrigger for its pending events"
-            );
         });
     }
 
@@ -644,6 +651,43 @@ impl Pipeline {
         self.health.joined.store(false, Ordering::Relaxed);
         self.health.table_reporter.store(false, Ordering::Relaxed);
     }
+}
+
+/// Announces an aggregate's next pending event again (touches it), trying
+/// again with a back-off: an event parked behind `after` waits for this (or
+/// an operator's `events retrigger`).
+async fn announce(store: Store, metrics: Metrics, after: i64) {
+    let mut wait = Duration::from_millis(200);
+    for attempt in 1..=6 {
+        match tokio::time::timeout(READ_DEADLINE, store.announce_next(after)).await {
+            Ok(Ok(touched)) => {
+                if touched.is_some() {
+                    metrics.ordering_announced_total.inc();
+                }
+                debug!(
+                    after,
+                    ?touched,
+                    "announced the aggregate's next pending event"
+                );
+                return;
+            }
+            Ok(Err(e)) => {
+                warn!(after, attempt, error = %e, "cannot announce the aggregate's next pending event")
+            }
+            Err(_) => warn!(
+                after,
+                attempt, "announcing the aggregate's next pending event took too long"
+            ),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(10));
+    }
+    metrics.ordering_announce_failures_total.inc();
+    error!(
+        after,
+        "gave up announcing the next pending event of event {after}'s aggregate: \
+         run outbox-sidecar events retrigger for its pending events"
+    );
 }
 
 /// The dispatchers' rate limits, as the scheduler asks them.

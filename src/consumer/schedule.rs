@@ -45,7 +45,7 @@ use crate::cdc::Trigger;
 use crate::metrics::Metrics;
 use crate::store::RowRead;
 use lines::Line;
-pub use lines::MAX_AGGREGATE_QUEUED;
+pub use lines::{MAX_AGGREGATE_QUEUED, RELEASED};
 use waits::{DueEntries, RateLine};
 pub use waits::{LINE_ROWS, MAX_WAITING};
 
@@ -317,6 +317,9 @@ pub struct Scheduler {
     /// Ids whose aggregate's next pending event must be announced again
     /// (the driver's to carry out).
     announce: Vec<i64>,
+    /// The message position of each id in `announce`: its aggregate's
+    /// partition, for a release read here ([`Self::release_pos`]).
+    announce_pos: HashMap<i64, Pos>,
     /// Ids after which, once they are sent (or fail under `on_failed =
     /// "skip"`), the aggregate's next pending event must be announced
     /// again: an event was parked behind them here, or they were decided
@@ -360,6 +363,7 @@ impl Scheduler {
             aggregate_of: HashMap::new(),
             aggregate_queued: 0,
             announce: Vec::new(),
+            announce_pos: HashMap::new(),
             announce_after: HashSet::new(),
         }
     }
@@ -1060,6 +1064,7 @@ impl Scheduler {
                 self.running_bytes -= bytes;
                 if self.announce_after.remove(&id) && unblocks {
                     self.announce.push(id);
+                    self.announce_pos.insert(id, *pos);
                 }
                 self.free(id);
             }

@@ -973,3 +973,35 @@ fn an_echo_of_a_later_event_waits_in_line_behind_the_head() {
     let r = h.reads_due();
     assert_eq!(r[0].ids, vec![2]);
 }
+
+#[test]
+fn a_released_aggregate_is_decided_here_event_after_event_with_no_message_of_its_own() {
+    let mut h = Harness::new(8);
+    // 1 was failed, 2 and 3 parked behind it; 1 is resent and sent.
+    let p1 = h.ordered(0, 0, &touched(1, 0), "a");
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
+    let start = h.starts().remove(0);
+    h.s.job_ended_in(1, start.serial, &p1, true, true, h.now);
+    assert_eq!(h.s.take_announcements(), vec![1]);
+    // Its partition is still this replica's: 2 is released here, on it.
+    let pos = h.s.release_pos(1).expect("partition 0 is ours");
+    assert_eq!((pos.partition, pos.offset), (0, RELEASED));
+    assert!(h.s.released(2, pos));
+    let r = h.reads_due();
+    assert_eq!(r[0].ids, vec![2]);
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(2, None)]), h.now);
+    let start = h.starts().remove(0);
+    h.s.job_ended_in(2, start.serial, &start.pos, true, true, h.now);
+    // Sent: the next one is released after it, and nothing of it holds
+    // the partition's commits.
+    assert_eq!(h.s.take_announcements(), vec![2]);
+    assert_eq!(h.commit(0), Some(1));
+    // A partition gone meanwhile: no release here (the driver touches 3
+    // for the partition's next owner).
+    let pos = h.s.release_pos(2).expect("still ours");
+    h.s.revoke(&[0]);
+    assert!(!h.s.released(3, pos));
+    assert!(h.s.busy_ids().is_empty());
+    assert_eq!(h.s.release_pos(99), None, "nothing announced after 99");
+}

@@ -174,7 +174,7 @@ impl Throttle {
     }
 
     /// Takes a permit for one request now, or says how long until one may
-    /// be asked for again (no share: [`RECHECK`]). Nothing waits here: the
+    /// be asked for again (no share: `RECHECK`). Nothing waits here: the
     /// scheduler keeps the event's turn as an entry with that due time.
     pub fn try_take(&self) -> Result<(), Duration> {
         match self.bucket() {

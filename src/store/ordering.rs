@@ -176,6 +176,15 @@ impl Store {
     /// aggregate later than it, which may have been parked behind it;
     /// which one, if any.
     pub async fn announce_next(&self, after: i64) -> Result<Option<i64>, StoreError> {
+        match self.next_pending_after(after).await? {
+            Some(n) => self.touch_one_pending(&[n], &[]).await,
+            None => Ok(None),
+        }
+    }
+
+    /// The oldest pending event of `after`'s aggregate later than it, if
+    /// any (read only: a release decides it here, with no touch).
+    pub async fn next_pending_after(&self, after: i64) -> Result<Option<i64>, StoreError> {
         let Some(o) = &self.ordering else {
             return Ok(None);
         };
@@ -195,10 +204,7 @@ impl Store {
             .transpose()
             .map_err(err())?
             .flatten();
-        match next {
-            Some(n) => self.touch_one_pending(&[n], &[]).await,
-            None => Ok(None),
-        }
+        Ok(next)
     }
 
     /// Announces again (touches) up to `limit` pending events that nothing

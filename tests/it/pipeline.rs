@@ -891,3 +891,73 @@ fn vm_rss_kib() -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// A job is one attempt: a receiver's `Retry-After` is a wait in the
+/// scheduler, not a job holding a place, so one receiver asking every
+/// event to come back in two minutes does not hold back another
+/// dispatcher (before: `4 × max_in_flight` waiting jobs filled the job
+/// limit, and billing waited for minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_receivers_retry_after_does_not_hold_back_another_dispatcher() {
+    let receiver = Receiver::start(|r| {
+        if r.event_name.starts_with("accounts.") {
+            ResponseTemplate::new(429).insert_header("Retry-After", "120")
+        } else {
+            ResponseTemplate::new(200)
+        }
+    })
+    .await;
+    let billing_url = receiver.url();
+    let t = spawn_app_with(
+        Options {
+            max_in_flight: 2,
+            retry_delay: "5s",
+            accounts_toml: "respect_retry_after = true\nmax_retry_after = \"5m\"".into(),
+            extra_toml: format!(
+                "[dispatchers.billing]\nurl = \"{billing_url}\"\nevents = [\"billing.invoice\"]\n"
+            ),
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    let n = 30;
+    for i in 0..n {
+        t.insert("accounts.purchase_create", json!({"n": i})).await;
+    }
+    // More accounts events were attempted than the old job limit held
+    // (2 × 2 + 4 × 2 = 12): each now waits two minutes.
+    eventually("the accounts events to meet the 429s", T, || async {
+        let seen = t
+            .receiver
+            .requests()
+            .iter()
+            .filter(|r| r.event_name.starts_with("accounts."))
+            .count();
+        (seen >= 12).then_some(())
+    })
+    .await;
+    let mut bills = Vec::new();
+    for i in 0..5 {
+        bills.push(t.insert("billing.invoice", json!({"n": i})).await);
+    }
+    for id in bills {
+        t.wait_status(id, Status::Sent, Duration::from_secs(10))
+            .await;
+    }
+    let base = t.admin_url("");
+    let waiting = crate::harness::metric(&base, "outbox_scheduler_waiting{wait=\"retry\"}")
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        waiting >= 12.0,
+        "the retries wait in the scheduler: {waiting}"
+    );
+    let jobs = crate::harness::metric(&base, "outbox_jobs_running")
+        .await
+        .unwrap_or(-1.0);
+    assert!(
+        (0.0..=4.0).contains(&jobs),
+        "at most 2 × max_in_flight jobs: {jobs}"
+    );
+}

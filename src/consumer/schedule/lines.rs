@@ -20,6 +20,10 @@ use crate::cdc::Trigger;
 /// back the partitions' other aggregates.
 pub const MAX_AGGREGATE_QUEUED: usize = 100_000;
 
+/// The offset of a released event's position: no message of its own
+/// (finishing it commits nothing).
+pub const RELEASED: i64 = -1;
+
 /// An aggregate's line: one event decided at a time, in arrival order.
 #[derive(Debug)]
 pub(super) struct Line {
@@ -96,9 +100,44 @@ impl Scheduler {
     }
 
     /// Ids whose aggregate's next pending event the driver must announce
-    /// again (touch), so an event parked behind them is decided.
+    /// again, so an event parked behind them is decided: released here
+    /// ([`Self::release_pos`]) or, failing that, touched.
     pub fn take_announcements(&mut self) -> Vec<i64> {
         std::mem::take(&mut self.announce)
+    }
+
+    /// Where the aggregate of `after` (announced by
+    /// [`Self::take_announcements`]) may have its next pending event
+    /// decided here, with no round trip through the change feed: a
+    /// position on its partition while this replica still owns it
+    /// (offset [`RELEASED`]: no message of its own to commit). `None`: the
+    /// partition left, the driver touches the event for its next owner.
+    pub fn release_pos(&mut self, after: i64) -> Option<Pos> {
+        let pos = self.announce_pos.remove(&after)?;
+        let generation = self.partitions.get(&pos.partition)?.generation;
+        Some(Pos {
+            partition: pos.partition,
+            generation,
+            offset: RELEASED,
+        })
+    }
+
+    /// An aggregate's next pending event, found by a release read: decided
+    /// as a change event would announce it (its read says whether
+    /// anything earlier still holds it, so it is never sent out of order).
+    /// `false` when the partition left meanwhile: the driver touches it.
+    pub fn released(&mut self, id: i64, pos: Pos) -> bool {
+        if !self.current(&pos) {
+            return false;
+        }
+        self.metrics.ordering_announced_total.inc();
+        let expect = Expect {
+            attempts: None,
+            updated_at: None,
+            created: false,
+        };
+        self.admit(id, pos, expect);
+        true
     }
 
     /// Announces `id`'s aggregate's next pending event once `id` is sent.
