@@ -112,7 +112,12 @@ impl Tracer {
         if !matches!(origin, Origin::Row) {
             trace.trace_id = own().trace_id;
         }
+        // Counted and said once per event, at its first attempt (each
+        // attempt is a job of its own that decides the context again).
         if let Origin::Invalid(e) = origin {
+            if row.attempts > 0 {
+                return Some(trace);
+            }
             if let Some(c) = &inner.invalid {
                 c.inc();
             }
