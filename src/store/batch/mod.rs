@@ -23,7 +23,7 @@ use entity::OutboxEventRow;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::history::Attempt;
-use super::{db_err, Outcome, RowRead, Store, StoreError};
+use super::{db_err, Outcome, Store, StoreError};
 
 pub use super::write::Key;
 pub use many::{mark_sent_many, register_failure_many};
@@ -147,59 +147,6 @@ impl StatusWriter {
             ))
         };
         self.tx.send(request).await.map_err(|_| closed())?;
-        answer.await.map_err(|_| closed())?
-    }
-}
-
-/// Single-row reads batched across jobs: the re-read each job makes before
-/// a later attempt. Jobs that wake from their retry wait together (a burst
-/// of failures) share one query instead of one round trip each.
-#[derive(Clone)]
-pub struct RowReader {
-    tx: mpsc::Sender<(i64, Reply<Option<RowRead>>)>,
-}
-
-impl RowReader {
-    /// Starts the reader task; it ends when every handle is dropped.
-    pub fn spawn(store: Store) -> RowReader {
-        let (tx, mut rx) = mpsc::channel::<(i64, Reply<Option<RowRead>>)>(MAX_BATCH * 4);
-        tokio::spawn(async move {
-            while let Some(first) = rx.recv().await {
-                let batch = gather(&mut rx, first).await;
-                let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
-                let read = tokio::time::timeout(STATEMENT_DEADLINE, store.read_rows(&ids)).await;
-                match read {
-                    Ok(Ok(rows)) => {
-                        let mut rows: HashMap<i64, RowRead> =
-                            rows.into_iter().map(|r| (r.id(), r)).collect();
-                        for (id, reply) in batch {
-                            let _ = reply.send(Ok(rows.remove(&id)));
-                        }
-                    }
-                    Ok(Err(e)) => {
-                        let message = e.to_string();
-                        for (_, reply) in batch {
-                            let source = sea_orm::DbErr::Custom(message.clone());
-                            let _ = reply.send(Err(db_err("reading events")(source)));
-                        }
-                    }
-                    // Dropping the replies tells each job the read failed.
-                    Err(_) => {
-                        tracing::warn!(deadline = ?STATEMENT_DEADLINE, "a row read did not answer in time")
-                    }
-                }
-            }
-        });
-        RowReader { tx }
-    }
-
-    /// Row `id` as it is now (`None`: no such row), read with other jobs'.
-    pub async fn get(&self, id: i64) -> Result<Option<RowRead>, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        let closed = || {
-            db_err("reading events")(sea_orm::DbErr::Custom("the row reader has stopped".into()))
-        };
-        self.tx.send((id, reply)).await.map_err(|_| closed())?;
         answer.await.map_err(|_| closed())?
     }
 }
