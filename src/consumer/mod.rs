@@ -311,7 +311,14 @@ impl Pipeline {
 
     fn job_ended(&self, sched: &mut Scheduler, done: JobDone, now: TokioInstant) {
         if let JobEnd::Retry(retry) = done.end {
-            return sched.job_retry(done.id, done.serial, &done.pos, retry, now);
+            return sched.job_retry(
+                done.id,
+                done.serial,
+                &done.pos,
+                retry.wait,
+                retry.attempts,
+                now,
+            );
         }
         let unblocks = match done.end {
             JobEnd::Sent => true,

@@ -991,7 +991,8 @@ impl Scheduler {
         }
     }
 
-    /// Job `serial` for `id` ended with a retry: its id waits here, with
+    /// Job `serial` for `id` ended with a retry (the row pending with
+    /// `attempts`): its id waits here, with
     /// no payload, until `wait` has passed, then is read again and decided
     /// as a fresh event (sent only if the row is still pending with the
     /// attempts the job left). Its message stays unfinished until then.
@@ -1000,7 +1001,8 @@ impl Scheduler {
         id: i64,
         serial: u64,
         pos: &Pos,
-        retry: crate::job::Retry,
+        wait: Duration,
+        attempts: i32,
         now: Instant,
     ) {
         self.progress_at = now;
@@ -1022,13 +1024,12 @@ impl Scheduler {
             return;
         }
         let expect = Expect {
-            attempts: Some(retry.attempts),
+            attempts: Some(attempts),
             updated_at: None,
             created,
         };
         self.work.insert(id, Work::Due);
-        self.due
-            .insert(now + retry.wait, Wanted::new(id, *pos, expect));
+        self.due.insert(now + wait, Wanted::new(id, *pos, expect));
     }
 
     /// Job `serial` for `id` ended; `finished`: its message's work is done

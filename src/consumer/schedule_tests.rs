@@ -517,12 +517,7 @@ fn a_failed_attempt_waits_as_an_entry_and_is_read_again_when_due() {
     let pos = h.message(0, &trig(1, 0, 0));
     h.answer(vec![pending(1)]);
     let job = h.starts().remove(0);
-    let retry = crate::job::Retry {
-        wait: Duration::from_secs(5),
-        attempts: 1,
-        updated_at: ts(10),
-    };
-    h.s.job_retry(1, job.serial, &pos, retry, h.now);
+    h.s.job_retry(1, job.serial, &pos, Duration::from_secs(5), 1, h.now);
     // No job, no payload: an entry due in 5 s; its message unfinished.
     assert_eq!(h.s.running(), 0);
     assert_eq!(h.s.waiting_entries(), 1);
@@ -548,12 +543,7 @@ fn a_retry_whose_row_was_decided_meanwhile_is_not_started() {
     let pos = h.message(0, &trig(1, 0, 0));
     h.answer(vec![pending(1)]);
     let job = h.starts().remove(0);
-    let retry = crate::job::Retry {
-        wait: Duration::from_secs(5),
-        attempts: 1,
-        updated_at: ts(10),
-    };
-    h.s.job_retry(1, job.serial, &pos, retry, h.now);
+    h.s.job_retry(1, job.serial, &pos, Duration::from_secs(5), 1, h.now);
     h.advance(Duration::from_secs(5));
     // An operator failed it by hand meanwhile.
     h.answer(vec![RowRead::Row(row(1, Status::Failed, 1, 20))]);
