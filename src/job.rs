@@ -48,9 +48,7 @@ use crate::store::{Outcome, Store, StoreError};
 use crate::trace_context::{AttemptSpan, EventTrace, SpanId};
 use crate::transition;
 
-/// The status writes a job makes, as `outbox_db_write_retries_total{to}`
-/// and `outbox_status_writes_given_up_total{to}` name them.
-pub const WRITES: [&str; 2] = ["sent", "failure"];
+pub use crate::metrics::labels::WRITES;
 
 /// What a job needs, shared by all jobs.
 pub struct JobContext {

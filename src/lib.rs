@@ -10,13 +10,15 @@
 //!    ids per query, again later when a row is not visible yet), one
 //!    [`job`] per attempt, at most `dispatch.max_in_flight` sending at once
 //!    and at most one per id, the offsets that may be committed, when to
-//!    pause fetching. Everything that waits for time to pass is the
-//!    scheduler's, as entries with no payload (`schedule::waits`): a retry,
-//!    a rate-limited dispatcher's turn (its limiter's permit); with
-//!    `[ordering]`, each aggregate's line (`schedule::lines`), and an
-//!    aggregate released by a resend read here event after event.
-//!    [`consumer`] is the thin driver around librdkafka that carries those
-//!    decisions out.
+//!    pause fetching. Each part of its state is a struct of its own: the
+//!    partitions and their generations (`schedule::assignment`), the reads
+//!    (`schedule::reads`), what waits for time to pass, as entries with no
+//!    payload (`schedule::waits`: a retry, a rate-limited dispatcher's
+//!    turn, its limiter's permit), fetching's holds and pauses
+//!    (`schedule::flow`) and, with `[ordering]`, each aggregate's line
+//!    (`schedule::lines`; an aggregate released by a resend is read here
+//!    event after event). [`consumer`] is the thin driver around
+//!    librdkafka that carries those decisions out.
 //! 3. The [`job`] makes one attempt: holds ([`hold`]: pause, breaker),
 //!    POST through the [`dispatch`] registry (trace context from
 //!    [`tracer`] and [`trace_context`]), then the outcome as a transition
@@ -32,7 +34,9 @@
 //! ([`consumer::group`], no Kafka in it) before the partitions go.
 //!
 //! Around it: [`admin`] (metrics, health, resend API), [`console`] (the
-//! operators' web pages on the admin API's listener), [`metrics`],
+//! operators' web pages on the admin API's listener), [`metrics`] (the
+//! families and, in `metrics::labels`, their fixed label values: the
+//! parts import them, the metrics import nothing of the parts),
 //! [`config`], [`cli`], [`app`] (wiring and shutdown), [`demo`].
 
 #![forbid(unsafe_code)]

@@ -10,11 +10,13 @@ use prometheus::{
 use entity::Status;
 
 use crate::cdc::{Decision, Skip};
-use crate::consumer::client::{CONSUMER_ERROR_KINDS, REBALANCE_KINDS, REBALANCE_PROTOCOLS};
-use crate::consumer::group::HELD_OUTCOMES;
-use crate::consumer::schedule::ScheduleSkip;
-use crate::job::WRITES;
 use crate::store::TableStats;
+use labels::{
+    CONSUMER_ERROR_KINDS, HELD_OUTCOMES, REBALANCE_KINDS, REBALANCE_PROTOCOLS,
+    SCHEDULE_SKIP_REASONS, WRITES,
+};
+
+pub mod labels;
 
 /// The series one event name reports to, resolved once: a job counts its
 /// attempts and transitions without hashing label values per event.
@@ -173,7 +175,7 @@ families! {
         => [Decision::RESULTS];
     cdc_skips_total: IntCounterVec = "outbox_cdc_skips_total",
         "Change events skipped, by reason", ["reason"]
-        => [[&Skip::REASONS[..], &ScheduleSkip::REASONS[..]].concat()];
+        => [[&Skip::REASONS[..], &SCHEDULE_SKIP_REASONS[..]].concat()];
     jobs_running: IntGauge = "outbox_jobs_running",
         "Dispatch jobs alive on this replica: each is one attempt (at most 2 x \
          dispatch.max_in_flight); nothing that waits for time to pass is a job";

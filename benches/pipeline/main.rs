@@ -15,6 +15,8 @@
 //! make bench-pipeline BENCH_ARGS="--ordering-pair"       # S1 and S1 ordered, back to back
 //!       [--side-by-side | --back-to-back]                # see `side`
 //! make bench-memory                                      # see `memory`
+//! make bench-throttled                                   # see `throttled`
+//!       [--events N] [--rate R] [--throttled-seconds S]
 //! cargo test --bench pipeline                            # the verdict rule's checks
 //! ```
 //!
@@ -27,7 +29,7 @@
 //! `verdict` (how a goal is judged from pairs), `side` (a pair's sides
 //! at once, each on its own database and topic), `history` (`--scenario
 //! history`: a table of 5,000,000 sent rows, an idle sidecar, an idle
-//! replica), `memory` (`--memory`).
+//! replica), `memory` (`--memory`), `throttled` (`--throttled`).
 //!
 //! Each run (default 5; every printed figure is the median over the runs,
 //! with the 1-minute load average of /proc/loadavg at the start of each
@@ -163,6 +165,7 @@ mod scenarios;
 mod side;
 mod sidecar;
 mod sys;
+mod throttled;
 mod verdict;
 
 use client::{run_part, Part};
@@ -532,6 +535,11 @@ async fn bench(opts: Options) -> Result<()> {
     );
     if let Some(kib) = opts.memory {
         let result = memory::memory(&env, kib).await;
+        env.admin.clone().close().await.ok();
+        return result;
+    }
+    if let Some((rate, seconds)) = opts.throttled {
+        let result = throttled::throttled(&env, rate, seconds).await;
         env.admin.clone().close().await.ok();
         return result;
     }

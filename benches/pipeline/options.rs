@@ -45,6 +45,9 @@ pub(crate) struct Options {
     pub(crate) scale_only: bool,
     /// Only the memory scenario (`--memory`), with payloads of this many KiB.
     pub(crate) memory: Option<usize>,
+    /// Only the throttled scenario (`--throttled`): its rate (events/s)
+    /// and how long the throttled side runs, in seconds.
+    pub(crate) throttled: Option<(u32, f64)>,
     /// Only the history scenario (`--scenario history`).
     pub(crate) history: bool,
     /// The history scenario's table holds this many sent rows.
@@ -59,7 +62,8 @@ pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pip
 [--no-echoes] [--trace-pair] [--ordering-pair] [--side-by-side | --back-to-back] [--large-events N] [--large-payload-bytes B] \
 [--scale-events N] [--scale-window W] [--scale-only] \
 | --scenario history [--events N] [--runs R] [--history-rows N] [--idle-seconds S] [--back-to-back] \
-| --memory [--events N] [--payload-kib K]
+| --memory [--events N] [--payload-kib K] \
+| --throttled [--events N] [--rate R] [--throttled-seconds S] [--max-in-flight M]
 (without --bench, as `cargo test --bench pipeline` runs it: the verdict rule's checks)";
 
 impl Options {
@@ -68,6 +72,9 @@ impl Options {
         let mut runs: Option<usize> = None;
         let mut max_in_flight: Option<usize> = None;
         let mut memory = false;
+        let mut throttled = false;
+        let mut rate: u32 = 10;
+        let mut throttled_seconds: f64 = 120.0;
         let mut payload_kib = 200;
         let mut naive_events: Option<usize> = None;
         let mut limit_events: Option<usize> = None;
@@ -110,6 +117,11 @@ impl Options {
                 "--side-by-side" => side_by_side = Some(true),
                 "--back-to-back" => side_by_side = Some(false),
                 "--memory" => memory = true,
+                "--throttled" => throttled = true,
+                "--rate" => rate = value("--rate")?.parse()?,
+                "--throttled-seconds" => {
+                    throttled_seconds = value("--throttled-seconds")?.parse()?
+                }
                 "--payload-kib" => payload_kib = value("--payload-kib")?.parse()?,
                 "--no-echoes" => echoes = false,
                 "--large-events" => large_events = Some(value("--large-events")?.parse()?),
@@ -148,9 +160,19 @@ impl Options {
                 other => bail!("unknown argument {other:?}\n{USAGE}"),
             }
         }
-        let events: usize = events.unwrap_or(if quick || memory { 5_000 } else { 50_000 });
-        // The memory scenario runs with the shipped configmap's value.
-        let max_in_flight = max_in_flight.unwrap_or(if memory { 64 } else { 256 });
+        let events: usize = events.unwrap_or(if throttled {
+            200_000
+        } else if quick || memory {
+            5_000
+        } else {
+            50_000
+        });
+        // The memory and throttled scenarios run with the shipped
+        // configmap's value.
+        let max_in_flight = max_in_flight.unwrap_or(if memory || throttled { 64 } else { 256 });
+        if throttled && (rate == 0 || throttled_seconds <= 0.0) {
+            bail!("--rate and --throttled-seconds must be above 0");
+        }
         // Each run is one pair of every goal's figures: five give a verdict.
         let runs: usize = runs.unwrap_or(if quick { 1 } else { MIN_PAIRS });
         if events == 0 || runs == 0 || max_in_flight == 0 {
@@ -178,6 +200,7 @@ impl Options {
             large_events: large_events.unwrap_or(if quick { 300 } else { 600 }).max(1),
             large_payload_bytes,
             memory: memory.then_some(payload_kib.max(1)),
+            throttled: throttled.then_some((rate, throttled_seconds)),
             // Ten times the backlog; a quick run skips it unless asked.
             scale_events: scale_events.unwrap_or(if quick { 0 } else { events * 10 }),
             scale_window: scale_window.max(1),

@@ -23,6 +23,20 @@ impl Sidecar {
         receiver: &Receiver,
         extra: &str,
     ) -> Result<Sidecar> {
+        Sidecar::start_with_env(env, db_url, broker, history, receiver, extra, &[])
+    }
+
+    /// [`Sidecar::start`] with `vars` set in the child's environment
+    /// (`OUTBOX__…` settings over the configuration file).
+    pub(crate) fn start_with_env(
+        env: &Env,
+        db_url: &str,
+        broker: &Broker,
+        history: bool,
+        receiver: &Receiver,
+        extra: &str,
+        vars: &[(String, String)],
+    ) -> Result<Sidecar> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -52,6 +66,7 @@ impl Sidecar {
             .arg("--config")
             .arg(&config)
             .env("OUTBOX__HISTORY__ENABLED", history.to_string())
+            .envs(vars.iter().map(|(k, v)| (k, v)))
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&stderr)?)

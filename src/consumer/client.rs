@@ -424,22 +424,6 @@ pub(super) fn dead_letter_producer(
     Ok(Some((producer, topic.clone())))
 }
 
-/// Every `outbox_consumer_errors_total{kind}`: what [`error_kind`] returns,
-/// and `offset_reset` from librdkafka's log.
-pub const CONSUMER_ERROR_KINDS: [&str; 7] = [
-    "decompression",
-    "corrupt_record",
-    "offset_reset",
-    "transport",
-    "unknown_topic",
-    "authorization",
-    "other",
-];
-/// `outbox_consumer_rebalances_total{protocol}`.
-pub const REBALANCE_PROTOCOLS: [&str; 2] = ["eager", "cooperative"];
-/// `outbox_consumer_rebalances_total{kind}`.
-pub const REBALANCE_KINDS: [&str; 3] = ["assign", "revoke", "lost"];
-
 /// A bounded label for `outbox_consumer_errors_total{kind}`.
 pub(super) fn error_kind(e: &KafkaError) -> &'static str {
     use rdkafka::types::RDKafkaErrorCode as C;
@@ -498,6 +482,7 @@ pub(super) async fn dead_letter(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::labels::CONSUMER_ERROR_KINDS;
     use rdkafka::types::RDKafkaErrorCode as C;
 
     /// Every kind the consumer reports is one the metrics create at zero.

@@ -38,9 +38,7 @@ use tracing::{info, warn};
 use crate::lease::Lease;
 use crate::metrics::Metrics;
 
-/// `outbox_revoke_held_requests_total{outcome}`: POSTs a revoke waited for
-/// that wrote their status, and those given up at the hold limit.
-pub const HELD_OUTCOMES: [&str; 2] = ["written", "given_up"];
+pub use crate::metrics::labels::HELD_OUTCOMES;
 
 /// Where the consumer is in its life, as far as waiting for POSTs goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

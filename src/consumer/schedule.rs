@@ -32,7 +32,6 @@
 //! committed early.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::NaiveDateTime;
@@ -40,16 +39,21 @@ use entity::{OutboxEventRow, Status};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::offsets::PartitionOffsets;
 use crate::cdc::Trigger;
 use crate::metrics::Metrics;
 use crate::store::RowRead;
-use lines::Line;
+use assignment::Assignment;
+use flow::FlowControl;
+use lines::Aggregates;
 pub use lines::{MAX_AGGREGATE_QUEUED, RELEASED};
-use waits::{DueEntries, RateLine};
+use reads::Reads;
+use waits::{RateLine, Waits};
 pub use waits::{LINE_ROWS, MAX_WAITING};
 
+mod assignment;
+mod flow;
 mod lines;
+mod reads;
 mod waits;
 
 /// What the scheduler asks of the dispatchers' rate limits before it
@@ -234,7 +238,7 @@ pub enum ScheduleSkip {
 
 impl ScheduleSkip {
     /// Every [`ScheduleSkip::reason`].
-    pub const REASONS: [&'static str; 2] = ["job_running", "row_missing"];
+    pub const REASONS: [&'static str; 2] = crate::metrics::labels::SCHEDULE_SKIP_REASONS;
 
     pub fn reason(self) -> &'static str {
         match self {
@@ -257,75 +261,60 @@ pub struct Limits {
     pub max_buffered_bytes: usize,
 }
 
-struct Partition {
-    generation: u64,
-    offsets: PartitionOffsets,
-}
-
+/// The scheduler's state, each part in a struct of its own: the
+/// partitions held ([`Assignment`]), the reads ([`Reads`]), the rows ready
+/// to start ([`Ready`]), the jobs running ([`Jobs`]), what waits for time
+/// to pass ([`Waits`]: retries, rate lines), fetching's flow control
+/// ([`FlowControl`]) and the aggregates' lines ([`Aggregates`]); the
+/// scheduler itself keeps the one piece of work each id has and moves ids
+/// between the parts.
 pub struct Scheduler {
     limits: Limits,
     metrics: Metrics,
-    partitions: HashMap<i32, Partition>,
-    next_generation: u64,
-    next_serial: u64,
-    next_ticket: u64,
-    work: HashMap<i64, Work>,
-    /// Triggers for busy ids, decided again when the id is free.
-    deferred: HashMap<i64, Vec<(Pos, Expect)>>,
-    to_read: VecDeque<Wanted>,
-    reads: HashMap<u64, Vec<Wanted>>,
-    /// Re-reads due, by id.
-    rechecks: HashMap<i64, (Instant, Wanted)>,
-    /// Ids whose delete arrived while their row was being read: a missing
-    /// row is then final, not read again.
-    deleted_while_reading: HashSet<i64>,
-    ready: VecDeque<(OutboxEventRow, Pos, usize)>,
-    ready_bytes: usize,
-    /// Rows to read again at a due time (retries).
-    due: DueEntries,
-    /// Rate-limited dispatchers' events waiting for a permit.
-    rate_lines: Vec<RateLine>,
-    /// Ids being read again for a rate line (its index).
-    refill_of: HashMap<i64, usize>,
-    /// Ids decided ready on their insert ([`Expect::created`]), until
-    /// their job starts (a retry's entry keeps it).
-    created: HashSet<i64>,
     /// A pending row with attempts waits `retry_delay` from its
     /// `updated_at` before its next attempt.
     retry_delay: Duration,
+    assignment: Assignment,
+    /// The one piece of work each id has here.
+    work: HashMap<i64, Work>,
+    /// Triggers for busy ids, decided again when the id is free.
+    deferred: HashMap<i64, Vec<(Pos, Expect)>>,
+    reads: Reads,
+    ready: Ready,
+    jobs: Jobs,
+    waits: Waits,
+    flow: FlowControl,
+    ordering: Aggregates,
+}
+
+/// Rows read pending and decided: they wait for a job.
+#[derive(Default)]
+struct Ready {
+    queue: VecDeque<(OutboxEventRow, Pos, usize)>,
+    /// Payload bytes of the rows ready (and read ahead in rate lines).
+    bytes: usize,
+    /// Ids decided ready on their insert ([`Expect::created`]), until
+    /// their job starts (a retry's entry keeps it).
+    created: HashSet<i64>,
+}
+
+/// The jobs running: each is one attempt.
+#[derive(Default)]
+struct Jobs {
     running: usize,
-    running_bytes: usize,
-    /// Mean payload bytes of the rows read lately (sizes the reads).
-    row_bytes: usize,
-    /// Whether `row_bytes` comes from rows read (else reads are small).
-    sizes_seen: bool,
-    paused: bool,
-    /// Since when the loop has been holding back.
-    holding_since: Option<Instant>,
-    /// When work last ended (what waits here can move).
-    progress_at: Instant,
-    /// Dead-letter sends under way, and their records' bytes.
-    dead_letters: usize,
-    dead_letter_bytes: usize,
-    /// Each aggregate with work here (`[ordering]`): the one id it has
-    /// work for, and the triggers of its later events, in arrival order.
-    aggregates: HashMap<Arc<str>, Line>,
-    /// The aggregate of each id that is its aggregate's active one.
-    aggregate_of: HashMap<i64, Arc<str>>,
-    /// Triggers waiting in the lines.
-    aggregate_queued: usize,
-    /// Ids whose aggregate's next pending event must be announced again
-    /// (the driver's to carry out).
-    announce: Vec<i64>,
-    /// The message position of each id in `announce`: its aggregate's
-    /// partition, for a release read here ([`Self::release_pos`]).
-    announce_pos: HashMap<i64, Pos>,
-    /// Ids after which, once they are sent (or fail under `on_failed =
-    /// "skip"`), the aggregate's next pending event must be announced
-    /// again: an event was parked behind them here, or they were decided
-    /// on an event other than their insert on their aggregate's partition
-    /// (see [`Expect::created`]), so one may have been parked elsewhere.
-    announce_after: HashSet<i64>,
+    /// Payload bytes the running jobs hold.
+    bytes: usize,
+    next_serial: u64,
+}
+
+impl Jobs {
+    /// Whether one more job may start: under the job limit, and within the
+    /// jobs' half of the memory bound (one job always runs, however large
+    /// its payload).
+    fn may_start(&self, limits: &Limits, next: usize) -> bool {
+        self.running < max_jobs(limits.max_in_flight)
+            && (self.running == 0 || self.bytes + next <= limits.max_buffered_bytes / 2)
+    }
 }
 
 impl Scheduler {
@@ -333,38 +322,19 @@ impl Scheduler {
         Scheduler {
             limits,
             metrics,
-            partitions: HashMap::new(),
-            next_generation: 1,
-            next_serial: 1,
-            next_ticket: 1,
+            retry_delay: Duration::ZERO,
+            assignment: Assignment::default(),
             work: HashMap::new(),
             deferred: HashMap::new(),
-            to_read: VecDeque::new(),
-            reads: HashMap::new(),
-            rechecks: HashMap::new(),
-            deleted_while_reading: HashSet::new(),
-            ready: VecDeque::new(),
-            ready_bytes: 0,
-            due: DueEntries::default(),
-            rate_lines: Vec::new(),
-            refill_of: HashMap::new(),
-            created: HashSet::new(),
-            retry_delay: Duration::ZERO,
-            running: 0,
-            running_bytes: 0,
-            row_bytes: 1024,
-            sizes_seen: false,
-            paused: false,
-            holding_since: None,
-            progress_at: now,
-            dead_letters: 0,
-            dead_letter_bytes: 0,
-            aggregates: HashMap::new(),
-            aggregate_of: HashMap::new(),
-            aggregate_queued: 0,
-            announce: Vec::new(),
-            announce_pos: HashMap::new(),
-            announce_after: HashSet::new(),
+            reads: Reads::default(),
+            ready: Ready::default(),
+            jobs: Jobs {
+                next_serial: 1,
+                ..Jobs::default()
+            },
+            waits: Waits::default(),
+            flow: FlowControl::new(now),
+            ordering: Aggregates::default(),
         }
     }
 
@@ -381,23 +351,10 @@ impl Scheduler {
     /// cooperative protocol an assignment is incremental: a partition
     /// already held keeps its generation, offsets and jobs.
     pub fn assign(&mut self, parts: &[i32]) -> Option<Flow> {
-        for &p in parts {
-            if self.partitions.contains_key(&p) {
-                continue;
-            }
-            let generation = self.next_generation;
-            self.next_generation += 1;
-            self.partitions.insert(
-                p,
-                Partition {
-                    generation,
-                    offsets: PartitionOffsets::default(),
-                },
-            );
-        }
-        if self.paused {
-            self.paused = false;
-            self.holding_since = None;
+        self.assignment.assign(parts);
+        if self.flow.paused {
+            self.flow.paused = false;
+            self.flow.holding_since = None;
             return Some(Flow::Resume);
         }
         None
@@ -407,75 +364,38 @@ impl Scheduler {
     /// (the next owner reads those messages again); running jobs are the
     /// driver's to cancel, and end here through [`Self::job_ended`].
     pub fn revoke(&mut self, parts: &[i32]) {
-        for &p in parts {
-            if let Some(state) = self.partitions.remove(&p) {
-                info!(
-                    partition = p,
-                    unfinished = state.offsets.unfinished(),
-                    "partition revoked"
-                );
-            }
-        }
+        self.assignment.revoke(parts);
         let gone = |pos: &Pos| parts.contains(&pos.partition);
         let mut freed = Vec::new();
-        let mut ready_bytes = self.ready_bytes;
-        self.ready.retain(|(row, pos, bytes)| {
-            let keep = !gone(pos);
-            if !keep {
-                freed.push(row.id);
-                ready_bytes -= bytes;
-            }
-            keep
-        });
-        self.ready_bytes = ready_bytes;
-        self.to_read.retain(|w| {
-            let keep = !gone(&w.pos);
-            if !keep {
-                freed.push(w.id);
-            }
-            keep
-        });
-        self.rechecks.retain(|id, (_, w)| {
+        for (row, _, bytes) in take_where(&mut self.ready.queue, |r| gone(&r.1)) {
+            freed.push(row.id);
+            self.ready.bytes -= bytes;
+        }
+        freed.extend(take_where(&mut self.reads.to_read, |w| gone(&w.pos)).map(|w| w.id));
+        self.reads.rechecks.retain(|id, (_, w)| {
             let keep = !gone(&w.pos);
             if !keep {
                 freed.push(*id);
             }
             keep
         });
-        freed.extend(self.due.drop_where(gone));
-        for line in &mut self.rate_lines {
-            line.ids.retain(|w| {
-                let keep = !gone(&w.pos);
-                if !keep {
-                    freed.push(w.id);
-                }
-                keep
-            });
-            line.rows.retain(|(row, pos, bytes)| {
-                let keep = !gone(pos);
-                if !keep {
-                    freed.push(row.id);
-                    ready_bytes -= bytes;
-                }
-                keep
-            });
+        freed.extend(self.waits.due.drop_where(gone));
+        for line in &mut self.waits.lines {
+            freed.extend(take_where(&mut line.ids, |w| gone(&w.pos)).map(|w| w.id));
+            for (row, _, bytes) in take_where(&mut line.rows, |r| gone(&r.1)) {
+                freed.push(row.id);
+                self.ready.bytes -= bytes;
+            }
         }
-        self.ready_bytes = ready_bytes;
         for id in &freed {
             self.work.remove(id);
-            self.refilled(*id);
+            self.waits.refilled(*id);
         }
         self.deferred.retain(|_, list| {
             list.retain(|(pos, _)| !gone(pos));
             !list.is_empty()
         });
-        let mut dropped = 0;
-        for line in self.aggregates.values_mut() {
-            let before = line.queue.len();
-            line.queue.retain(|(_, pos, _)| !gone(pos));
-            dropped += before - line.queue.len();
-        }
-        self.aggregate_queued -= dropped;
+        self.ordering.drop_where(gone);
         for id in freed {
             self.next_of_aggregate(id);
         }
@@ -485,28 +405,16 @@ impl Scheduler {
     /// generation and begins its work; `None` when the partition is not
     /// (or no longer) ours: the next owner reads it again.
     pub fn begin(&mut self, partition: i32, offset: i64) -> Option<Pos> {
-        let state = self.partitions.get_mut(&partition)?;
-        state.offsets.begin(offset);
-        Some(Pos {
-            partition,
-            generation: state.generation,
-            offset,
-        })
+        self.assignment.begin(partition, offset)
     }
 
     /// The message's work is done (skipped, invalid, decided).
     pub fn finish(&mut self, pos: &Pos) {
-        if let Some(state) = self.partitions.get_mut(&pos.partition) {
-            if state.generation == pos.generation {
-                state.offsets.finish(pos.offset);
-            }
-        }
+        self.assignment.finish(pos);
     }
 
     fn current(&self, pos: &Pos) -> bool {
-        self.partitions
-            .get(&pos.partition)
-            .is_some_and(|s| s.generation == pos.generation)
+        self.assignment.current(pos)
     }
 
     // ---- messages ----
@@ -528,11 +436,11 @@ impl Scheduler {
         match self.work.get(&id) {
             None => {
                 self.work.insert(id, Work::Reading);
-                self.to_read.push_back(Wanted::new(id, pos, expect));
+                self.reads.to_read.push_back(Wanted::new(id, pos, expect));
             }
             Some(Work::Recheck) => {
                 // The newer event replaces the one waiting (at its next read).
-                if let Some((_, w)) = self.rechecks.get_mut(&id) {
+                if let Some((_, w)) = self.reads.rechecks.get_mut(&id) {
                     let old = std::mem::replace(&mut w.pos, pos);
                     w.expect = expect;
                     self.finish(&old);
@@ -552,10 +460,10 @@ impl Scheduler {
     /// gone for good); the delete's own message is finished by the caller.
     pub fn deleted(&mut self, id: i64) {
         if self.work.get(&id) == Some(&Work::Reading) {
-            self.deleted_while_reading.insert(id);
+            self.reads.deleted_while_reading.insert(id);
         }
         // A retry waiting for a row that is gone: nothing left to send.
-        if let Some(w) = self.due.remove(id) {
+        if let Some(w) = self.waits.due.remove(id) {
             self.metrics
                 .cdc_skips_total
                 .with_label_values(&[ScheduleSkip::RowMissing.reason()])
@@ -564,7 +472,7 @@ impl Scheduler {
             self.finish(&w.pos);
             self.free(id);
         }
-        if let Some((_, w)) = self.rechecks.remove(&id) {
+        if let Some((_, w)) = self.reads.rechecks.remove(&id) {
             self.metrics
                 .cdc_skips_total
                 .with_label_values(&[ScheduleSkip::RowMissing.reason()])
@@ -585,77 +493,40 @@ impl Scheduler {
     /// The reads to make now: re-reads that are due, then new triggers, at
     /// most [`MAX_CONCURRENT_READS`] under way.
     pub fn take_reads(&mut self, now: Instant) -> Vec<Read> {
-        let due: Vec<i64> = self
-            .rechecks
-            .iter()
-            .filter(|(_, (at, _))| *at <= now)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in due {
-            if let Some((_, w)) = self.rechecks.remove(&id) {
-                self.work.insert(id, Work::Reading);
-                self.to_read.push_front(w);
-            }
-        }
-        for w in self.due.take_due(now) {
+        for w in self.reads.take_rechecks(now) {
             self.work.insert(w.id, Work::Reading);
-            self.to_read.push_back(w);
+            self.reads.to_read.push_front(w);
         }
-        for (i, line) in self.rate_lines.iter_mut().enumerate() {
+        for w in self.waits.due.take_due(now) {
+            self.work.insert(w.id, Work::Reading);
+            self.reads.to_read.push_back(w);
+        }
+        for (i, line) in self.waits.lines.iter_mut().enumerate() {
             for _ in 0..line.to_refill() {
                 let Some(w) = line.ids.pop_front() else { break };
                 line.refilling += 1;
-                self.refill_of.insert(w.id, i);
+                self.waits.refill_of.insert(w.id, i);
                 self.work.insert(w.id, Work::Reading);
-                self.to_read.push_back(w);
+                self.reads.to_read.push_back(w);
             }
         }
-        let mut out = Vec::new();
-        let mut per_read =
-            (self.limits.max_buffered_bytes / 8 / self.row_bytes.max(1)).clamp(1, MAX_READ);
-        if !self.sizes_seen {
-            per_read = per_read.min(FIRST_READ);
-        }
-        while self.reads.len() < MAX_CONCURRENT_READS && !self.to_read.is_empty() {
-            let n = self.to_read.len().min(per_read);
-            let batch: Vec<Wanted> = self.to_read.drain(..n).collect();
-            let ticket = self.next_ticket;
-            self.next_ticket += 1;
-            out.push(Read {
-                ticket,
-                ids: batch.iter().map(|w| w.id).collect(),
-            });
-            self.reads.insert(ticket, batch);
-        }
-        out
+        self.reads.start(self.limits.max_buffered_bytes)
     }
 
     /// The answer to read `ticket`: the rows found (or `Err` with why the
     /// read failed: it is made again after a back-off).
     pub fn rows_read(&mut self, ticket: u64, result: Result<Vec<RowRead>, String>, now: Instant) {
-        let Some(batch) = self.reads.remove(&ticket) else {
+        let Some(batch) = self.reads.under_way.remove(&ticket) else {
             return;
         };
-        self.progress_at = now;
+        self.flow.progress_at = now;
         let mut rows = match result {
-            Ok(rows) if !rows.is_empty() => {
-                let total: usize = rows.iter().map(read_bytes).sum();
-                // A moving mean: one read of large rows shrinks the next reads.
-                let mean = total / rows.len();
-                self.row_bytes = if self.sizes_seen {
-                    (self.row_bytes + mean).div_ceil(2).max(mean / 2).max(64)
-                } else {
-                    mean.max(64)
-                };
-                self.sizes_seen = true;
+            Ok(rows) => {
+                self.reads.saw(&rows);
                 rows.into_iter()
                     .map(|r| (r.id(), r))
                     .collect::<HashMap<i64, RowRead>>()
             }
-            Ok(rows) => rows
-                .into_iter()
-                .map(|r| (r.id(), r))
-                .collect::<HashMap<i64, RowRead>>(),
             Err(error) => {
                 self.metrics.row_reads_failed_total.inc();
                 warn!(%error, rows = batch.len(), "cannot read triggered rows; reading them again later");
@@ -682,8 +553,8 @@ impl Scheduler {
     }
 
     fn decide(&mut self, mut w: Wanted, read: Option<RowRead>, now: Instant) {
-        self.refilled(w.id);
-        let gone = self.deleted_while_reading.remove(&w.id);
+        self.waits.refilled(w.id);
+        let gone = self.reads.deleted_while_reading.remove(&w.id);
         let early = match &read {
             None => !gone,
             Some(RowRead::Row(row)) => w.expect.is_newer_than(row),
@@ -752,7 +623,7 @@ impl Scheduler {
                 // replica's attempt, an operator's edit): waits here.
                 let wait = self.retry_wait(&row).unwrap_or_default();
                 self.work.insert(w.id, Work::Due);
-                self.due.insert(now + wait, w);
+                self.waits.due.insert(now + wait, w);
                 return;
             }
             Some(RowRead::Row(row)) if row.status == Status::Pending => {
@@ -762,11 +633,11 @@ impl Scheduler {
                 }
                 let bytes = payload_bytes(&row.payload);
                 if w.expect.created {
-                    self.created.insert(w.id);
+                    self.ready.created.insert(w.id);
                 }
                 self.work.insert(w.id, Work::Ready);
-                self.ready_bytes += bytes;
-                self.ready.push_back((row, w.pos, bytes));
+                self.ready.bytes += bytes;
+                self.ready.queue.push_back((row, w.pos, bytes));
                 return;
             }
             Some(RowRead::Row(row)) => {
@@ -807,17 +678,9 @@ impl Scheduler {
             .filter(|d| !d.is_zero())
     }
 
-    /// An id read again for a rate line is back (or gone).
-    fn refilled(&mut self, id: i64) {
-        if let Some(i) = self.refill_of.remove(&id) {
-            let line = &mut self.rate_lines[i];
-            line.refilling = line.refilling.saturating_sub(1);
-        }
-    }
-
     fn recheck(&mut self, w: Wanted, due: Instant) {
         self.work.insert(w.id, Work::Recheck);
-        self.rechecks.insert(w.id, (due, w));
+        self.reads.rechecks.insert(w.id, (due, w));
     }
 
     /// The id has no work here any more: the triggers that waited for it
@@ -833,9 +696,9 @@ impl Scheduler {
 
     fn free_id(&mut self, id: i64) {
         self.work.remove(&id);
-        self.refilled(id);
-        self.created.remove(&id);
-        self.deleted_while_reading.remove(&id);
+        self.waits.refilled(id);
+        self.ready.created.remove(&id);
+        self.reads.deleted_while_reading.remove(&id);
         let Some(list) = self.deferred.remove(&id) else {
             return;
         };
@@ -862,28 +725,31 @@ impl Scheduler {
     /// no payload, and the other dispatchers' rows go on past it.
     pub fn take_starts(&mut self, now: Instant, gate: &dyn Gate) -> Vec<Start> {
         let mut out = Vec::new();
-        let limit = max_jobs(self.limits.max_in_flight);
-        while let Some((row, _, _)) = self.ready.front() {
+        while let Some((row, _, _)) = self.ready.queue.front() {
             if let Some(dispatcher) = gate.limited(&row.event_name) {
                 let event_name = row.event_name.clone();
                 let i = self.rate_line(dispatcher, &event_name, now);
-                if let Some((row, pos, bytes)) = self.ready.pop_front() {
+                if let Some((row, pos, bytes)) = self.ready.queue.pop_front() {
                     self.line_up(i, row, pos, bytes);
                 }
                 continue;
             }
-            if !self.may_start(limit, self.ready.front().map_or(0, |r| r.2)) {
+            let next = self.ready.queue.front().map_or(0, |r| r.2);
+            if !self.jobs.may_start(&self.limits, next) {
                 break;
             }
-            if let Some((row, pos, bytes)) = self.ready.pop_front() {
-                self.ready_bytes -= bytes;
+            if let Some((row, pos, bytes)) = self.ready.queue.pop_front() {
+                self.ready.bytes -= bytes;
                 self.start(row, pos, bytes, &mut out);
             }
         }
-        for i in 0..self.rate_lines.len() {
+        for i in 0..self.waits.lines.len() {
             self.count_throttled(i, now);
-            while self.may_start(limit, self.rate_lines[i].rows.front().map_or(0, |r| r.2)) {
-                let line = &mut self.rate_lines[i];
+            while self.jobs.may_start(
+                &self.limits,
+                self.waits.lines[i].rows.front().map_or(0, |r| r.2),
+            ) {
+                let line = &mut self.waits.lines[i];
                 if line.rows.is_empty() || line.next_at.is_some_and(|at| at > now) {
                     break;
                 }
@@ -891,7 +757,7 @@ impl Scheduler {
                     Ok(()) => {
                         line.next_at = None;
                         if let Some((row, pos, bytes)) = line.rows.pop_front() {
-                            self.ready_bytes -= bytes;
+                            self.ready.bytes -= bytes;
                             self.start(row, pos, bytes, &mut out);
                         }
                     }
@@ -899,25 +765,16 @@ impl Scheduler {
                 }
             }
         }
-        self.metrics.jobs_running.set(self.running as i64);
+        self.metrics.jobs_running.set(self.jobs.running as i64);
         self.metrics
             .scheduler_waiting
             .with_label_values(&["retry"])
-            .set(self.due.len() as i64);
+            .set(self.waits.due.len() as i64);
         self.metrics
             .scheduler_waiting
             .with_label_values(&["rate"])
-            .set(self.rate_lines.iter().map(RateLine::waiting).sum::<usize>() as i64);
+            .set(self.waits.rate_waiting() as i64);
         out
-    }
-
-    /// Whether one more job may start: under the job limit, and within the
-    /// jobs' half of the memory bound (one job always runs, however large
-    /// its payload).
-    fn may_start(&self, limit: usize, next: usize) -> bool {
-        self.running < limit
-            && (self.running == 0
-                || self.running_bytes + next <= self.limits.max_buffered_bytes / 2)
     }
 
     fn start(&mut self, row: OutboxEventRow, pos: Pos, bytes: usize, out: &mut Vec<Start>) {
@@ -925,11 +782,11 @@ impl Scheduler {
             self.free(row.id);
             return;
         }
-        let created = self.created.remove(&row.id);
-        let serial = self.next_serial;
-        self.next_serial += 1;
-        self.running += 1;
-        self.running_bytes += bytes;
+        let created = self.ready.created.remove(&row.id);
+        let serial = self.jobs.next_serial;
+        self.jobs.next_serial += 1;
+        self.jobs.running += 1;
+        self.jobs.bytes += bytes;
         self.work.insert(
             row.id,
             Work::Running {
@@ -944,15 +801,17 @@ impl Scheduler {
     /// The line of a rate-limited dispatcher (made on its first event).
     fn rate_line(&mut self, dispatcher: &str, event_name: &str, now: Instant) -> usize {
         match self
-            .rate_lines
+            .waits
+            .lines
             .iter()
             .position(|l| l.dispatcher == dispatcher)
         {
             Some(i) => i,
             None => {
-                self.rate_lines
+                self.waits
+                    .lines
                     .push(RateLine::new(dispatcher, event_name, now));
-                self.rate_lines.len() - 1
+                self.waits.lines.len() - 1
             }
         }
     }
@@ -961,13 +820,13 @@ impl Scheduler {
     /// while the line's head has room, else as its id only (read again
     /// when its turn nears).
     fn line_up(&mut self, i: usize, row: OutboxEventRow, pos: Pos, bytes: usize) {
-        let line = &mut self.rate_lines[i];
+        let line = &mut self.waits.lines[i];
         if line.rows.len() < LINE_ROWS {
             line.rows.push_back((row, pos, bytes));
             return;
         }
-        self.ready_bytes -= bytes;
-        let created = self.created.remove(&row.id);
+        self.ready.bytes -= bytes;
+        let created = self.ready.created.remove(&row.id);
         self.work.insert(row.id, Work::Throttled);
         let expect = Expect {
             attempts: Some(row.attempts),
@@ -979,7 +838,7 @@ impl Scheduler {
 
     /// Adds the time the line's events waited since it was last counted.
     fn count_throttled(&mut self, i: usize, now: Instant) {
-        let line = &mut self.rate_lines[i];
+        let line = &mut self.waits.lines[i];
         let waited = now.saturating_duration_since(line.counted_at);
         line.counted_at = now;
         let n = line.waiting();
@@ -1005,8 +864,8 @@ impl Scheduler {
         attempts: i32,
         now: Instant,
     ) {
-        self.progress_at = now;
-        self.running = self.running.saturating_sub(1);
+        self.flow.progress_at = now;
+        self.jobs.running = self.jobs.running.saturating_sub(1);
         let Some(&Work::Running {
             serial: s,
             bytes,
@@ -1018,7 +877,7 @@ impl Scheduler {
         if s != serial {
             return;
         }
-        self.running_bytes -= bytes;
+        self.jobs.bytes -= bytes;
         if !self.current(pos) {
             self.free(id);
             return;
@@ -1029,7 +888,9 @@ impl Scheduler {
             created,
         };
         self.work.insert(id, Work::Due);
-        self.due.insert(now + wait, Wanted::new(id, *pos, expect));
+        self.waits
+            .due
+            .insert(now + wait, Wanted::new(id, *pos, expect));
     }
 
     /// Job `serial` for `id` ended; `finished`: its message's work is done
@@ -1052,8 +913,8 @@ impl Scheduler {
         unblocks: bool,
         now: Instant,
     ) {
-        self.progress_at = now;
-        self.running = self.running.saturating_sub(1);
+        self.flow.progress_at = now;
+        self.jobs.running = self.jobs.running.saturating_sub(1);
         if finished {
             self.finish(pos);
         }
@@ -1062,10 +923,10 @@ impl Scheduler {
         }) = self.work.get(&id)
         {
             if s == serial {
-                self.running_bytes -= bytes;
-                if self.announce_after.remove(&id) && unblocks {
-                    self.announce.push(id);
-                    self.announce_pos.insert(id, *pos);
+                self.jobs.bytes -= bytes;
+                if self.ordering.announce_after.remove(&id) && unblocks {
+                    self.ordering.announce.push(id);
+                    self.ordering.announce_pos.insert(id, *pos);
                 }
                 self.free(id);
             }
@@ -1076,81 +937,71 @@ impl Scheduler {
 
     /// Offsets that moved since the last call (to store).
     pub fn take_commits(&mut self) -> Vec<(i32, i64)> {
-        self.partitions
-            .iter_mut()
-            .filter_map(|(p, s)| s.offsets.take_committable().map(|o| (*p, o)))
-            .collect()
+        self.assignment.take_commits()
     }
 
     /// Every partition's committable offset (the final commit).
     pub fn commits(&self) -> Vec<(i32, i64)> {
-        self.partitions
-            .iter()
-            .filter_map(|(p, s)| s.offsets.committable().map(|o| (*p, o)))
-            .collect()
+        self.assignment.commits()
     }
 
     pub fn partitions(&self) -> Vec<i32> {
-        self.partitions.keys().copied().collect()
+        self.assignment.partitions()
     }
 
     // ---- flow control ----
 
     /// Triggers decided or being decided, not yet running.
     pub fn held(&self) -> usize {
-        self.ready.len()
-            + self.rate_lines.iter().map(|l| l.rows.len()).sum::<usize>()
-            + self.to_read.len()
-            + self.rechecks.len()
-            + self.reads.values().map(Vec::len).sum::<usize>()
+        self.ready.queue.len() + self.waits.rows_read_ahead() + self.reads.held()
     }
 
     pub fn running(&self) -> usize {
-        self.running
+        self.jobs.running
     }
 
     /// Not taking messages: too much waits here, and the partitions are not
     /// paused yet (once paused, polling is safe again and serves rebalance
     /// callbacks).
     pub fn holding(&self) -> bool {
-        !self.paused && self.over()
+        !self.flow.paused && self.over()
     }
 
     /// Too much waits here: by count, or by payload bytes; or too many
     /// dead-letter sends are under way.
     fn over(&self) -> bool {
         self.held() >= high_mark(self.limits.max_in_flight)
-            || self.ready_bytes >= self.limits.max_buffered_bytes / 2
-            || self.aggregate_queued >= MAX_AGGREGATE_QUEUED
+            || self.ready.bytes >= self.limits.max_buffered_bytes / 2
+            || self.ordering.queued >= MAX_AGGREGATE_QUEUED
             || self.waiting_entries() >= MAX_WAITING
-            || self.dead_letters >= MAX_DEAD_LETTERS
-            || self.dead_letter_bytes >= self.limits.max_buffered_bytes / 8
+            || self.flow.dead_letters >= MAX_DEAD_LETTERS
+            || self.flow.dead_letter_bytes >= self.limits.max_buffered_bytes / 8
     }
 
     /// Entries waiting for time to pass, with no payload: retries due
     /// later and rate-limited events waiting for a permit.
     pub fn waiting_entries(&self) -> usize {
-        self.due.len() + self.rate_lines.iter().map(|l| l.ids.len()).sum::<usize>()
+        self.waits.entries()
     }
 
     /// A dead-letter send of `bytes` began; its message is finished by
     /// [`Self::dead_letter_ended`].
     pub fn dead_letter_began(&mut self, bytes: usize) {
-        self.dead_letters += 1;
-        self.dead_letter_bytes += bytes;
+        self.flow.dead_letters += 1;
+        self.flow.dead_letter_bytes += bytes;
     }
 
     /// A dead-letter send was delivered or given up.
     pub fn dead_letter_ended(&mut self, pos: &Pos, bytes: usize, now: Instant) {
-        self.dead_letters = self.dead_letters.saturating_sub(1);
-        self.dead_letter_bytes = self.dead_letter_bytes.saturating_sub(bytes);
-        self.progress_at = now;
+        self.flow.dead_letters = self.flow.dead_letters.saturating_sub(1);
+        self.flow.dead_letter_bytes = self.flow.dead_letter_bytes.saturating_sub(bytes);
+        self.flow.progress_at = now;
         self.finish(pos);
     }
 
     /// Dead-letter sends under way.
     pub fn dead_letters(&self) -> usize {
-        self.dead_letters
+        self.flow.dead_letters
     }
 
     /// Bounds what waits here: holding starts a clock; the partitions are
@@ -1159,82 +1010,41 @@ impl Scheduler {
     /// `max_in_flight` triggers wait. A busy backlog bobs at the high mark
     /// with work ending all the time, so it is not paused.
     pub fn flow(&mut self, now: Instant) -> Option<Flow> {
-        let held = self.held();
-        if self.over() {
-            let since = *self.holding_since.get_or_insert(now);
-            if !self.paused && now >= pause_deadline(since, self.progress_at) {
-                self.paused = true;
-                return Some(Flow::Pause);
-            }
-        } else {
-            self.holding_since = None;
-            if self.paused
-                && held <= self.limits.max_in_flight
-                && self.waiting_entries() <= MAX_WAITING / 4 * 3
-                && self.ready_bytes <= self.limits.max_buffered_bytes / 4
-            {
-                self.paused = false;
-                return Some(Flow::Resume);
-            }
-        }
-        None
+        let may_resume = self.held() <= self.limits.max_in_flight
+            && self.waiting_entries() <= MAX_WAITING / 4 * 3
+            && self.ready.bytes <= self.limits.max_buffered_bytes / 4;
+        self.flow.decide(self.over(), may_resume, now)
     }
 
     /// The pause or resume could not be made: try again later.
     pub fn flow_failed(&mut self, flow: Flow, now: Instant) {
-        match flow {
-            Flow::Pause => {
-                self.paused = false;
-                self.holding_since = Some(now);
-            }
-            Flow::Resume => self.paused = true,
-        }
+        self.flow.failed(flow, now);
     }
 
     pub fn paused(&self) -> bool {
-        self.paused
+        self.flow.paused
     }
 
     /// When the driver must call back without any other event: a re-read
     /// falls due, or a hold reaches its pause deadline.
     pub fn next_wakeup(&self) -> Option<Instant> {
-        let recheck = self
-            .rechecks
-            .values()
-            .map(|(at, _)| *at)
-            .chain(self.due.next())
-            .chain(
-                self.rate_lines
-                    .iter()
-                    .filter(|l| !l.rows.is_empty())
-                    .filter_map(|l| l.next_at),
-            )
-            .min();
-        let pause = self
-            .holding_since
-            .filter(|_| !self.paused)
-            .map(|since| pause_deadline(since, self.progress_at));
-        match (recheck, pause) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.reads.next_recheck(),
+            self.waits.next_at(),
+            self.flow.pause_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Drops everything not running (shutdown).
     pub fn clear_waiting(&mut self) {
-        self.ready.clear();
-        self.ready_bytes = 0;
-        self.due.clear();
-        self.rate_lines.clear();
-        self.refill_of.clear();
-        self.created.clear();
-        self.to_read.clear();
-        self.rechecks.clear();
-        self.deleted_while_reading.clear();
+        self.ready = Ready::default();
+        self.waits = Waits::default();
+        self.reads.clear_waiting();
         self.deferred.clear();
-        self.aggregates.clear();
-        self.aggregate_of.clear();
-        self.aggregate_queued = 0;
+        self.ordering.clear_waiting();
         self.work.retain(|_, w| matches!(w, Work::Running { .. }));
     }
 
@@ -1244,21 +1054,25 @@ impl Scheduler {
     }
 }
 
+/// Takes the items `gone` says of out of `q`, keeping the others in order.
+fn take_where<T>(q: &mut VecDeque<T>, gone: impl Fn(&T) -> bool) -> impl Iterator<Item = T> {
+    let mut out = Vec::new();
+    let mut keep = VecDeque::with_capacity(q.len());
+    for t in q.drain(..) {
+        if gone(&t) {
+            out.push(t);
+        } else {
+            keep.push_back(t);
+        }
+    }
+    *q = keep;
+    out.into_iter()
+}
+
 /// A payload's size as held in memory: its text (kept as read, never
 /// parsed) and the string's header.
 pub fn payload_bytes(p: &entity::Payload) -> usize {
     p.len() + 24
-}
-
-fn read_bytes(r: &RowRead) -> usize {
-    match r {
-        RowRead::Row(row) => payload_bytes(&row.payload),
-        RowRead::Undecodable { .. } => 64,
-    }
-}
-
-fn pause_deadline(since: Instant, progress_at: Instant) -> Instant {
-    (since.max(progress_at) + PAUSE_AFTER).min(since + HOLD_MAX)
 }
 
 fn backoff(first: Duration, max: Duration, tries: u32) -> Duration {

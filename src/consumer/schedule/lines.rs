@@ -6,7 +6,7 @@
 //! event something may have been parked behind, the aggregate's next
 //! pending event is announced again (the driver touches it).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use tracing::debug;
@@ -31,6 +31,50 @@ pub(super) struct Line {
     pub(super) queue: VecDeque<(i64, Pos, Expect)>,
 }
 
+/// Every aggregate with work here, and what must be announced after whom.
+#[derive(Debug, Default)]
+pub(super) struct Aggregates {
+    /// Each aggregate with work here: the one id it has work for, and the
+    /// triggers of its later events, in arrival order.
+    pub(super) lines: HashMap<Arc<str>, Line>,
+    /// The aggregate of each id that is its aggregate's active one.
+    pub(super) of: HashMap<i64, Arc<str>>,
+    /// Triggers waiting in the lines.
+    pub(super) queued: usize,
+    /// Ids whose aggregate's next pending event must be announced again
+    /// (the driver's to carry out).
+    pub(super) announce: Vec<i64>,
+    /// The message position of each id in `announce`: its aggregate's
+    /// partition, for a release read here ([`Scheduler::release_pos`]).
+    pub(super) announce_pos: HashMap<i64, Pos>,
+    /// Ids after which, once they are sent (or fail under `on_failed =
+    /// "skip"`), the aggregate's next pending event must be announced
+    /// again: an event was parked behind them here, or they were decided
+    /// on an event other than their insert on their aggregate's partition
+    /// (see [`Expect::created`]), so one may have been parked elsewhere.
+    pub(super) announce_after: HashSet<i64>,
+}
+
+impl Aggregates {
+    /// Drops the lines of revoked partitions' triggers (`gone`).
+    pub(super) fn drop_where(&mut self, gone: impl Fn(&Pos) -> bool) {
+        let mut dropped = 0;
+        for line in self.lines.values_mut() {
+            let before = line.queue.len();
+            line.queue.retain(|(_, pos, _)| !gone(pos));
+            dropped += before - line.queue.len();
+        }
+        self.queued -= dropped;
+    }
+
+    /// Drops the lines (shutdown); what is owed an announcement stays.
+    pub(super) fn clear_waiting(&mut self) {
+        self.lines.clear();
+        self.of.clear();
+        self.queued = 0;
+    }
+}
+
 impl Scheduler {
     /// A change event announcing a pending row of `aggregate`
     /// (`[ordering]`): its aggregate decides one event at a time, in the
@@ -46,22 +90,22 @@ impl Scheduler {
         }
         let id = trigger.id;
         let expect = Expect::from(trigger);
-        if let Some(line) = self.aggregates.get_mut(aggregate) {
+        if let Some(line) = self.ordering.lines.get_mut(aggregate) {
             if line.active != id {
                 line.queue.push_back((id, pos, expect));
-                self.aggregate_queued += 1;
+                self.ordering.queued += 1;
                 return;
             }
         } else if !self.work.contains_key(&id) {
             let key: Arc<str> = Arc::from(aggregate);
-            self.aggregates.insert(
+            self.ordering.lines.insert(
                 key.clone(),
                 Line {
                     active: id,
                     queue: VecDeque::new(),
                 },
             );
-            self.aggregate_of.insert(id, key);
+            self.ordering.of.insert(id, key);
         }
         self.admit(id, pos, expect);
     }
@@ -72,30 +116,30 @@ impl Scheduler {
         if self.work.contains_key(&id) {
             return;
         }
-        let Some(key) = self.aggregate_of.remove(&id) else {
+        let Some(key) = self.ordering.of.remove(&id) else {
             return;
         };
         loop {
-            let Some(line) = self.aggregates.get_mut(&key) else {
+            let Some(line) = self.ordering.lines.get_mut(&key) else {
                 return;
             };
             let Some((next, pos, expect)) = line.queue.pop_front() else {
-                self.aggregates.remove(&key);
+                self.ordering.lines.remove(&key);
                 return;
             };
-            self.aggregate_queued -= 1;
+            self.ordering.queued -= 1;
             if !self.current(&pos) {
                 continue;
             }
-            if let Some(line) = self.aggregates.get_mut(&key) {
+            if let Some(line) = self.ordering.lines.get_mut(&key) {
                 line.active = next;
             }
-            self.aggregate_of.insert(next, key.clone());
+            self.ordering.of.insert(next, key.clone());
             self.admit(next, pos, expect);
             if self.work.contains_key(&next) {
                 return;
             }
-            self.aggregate_of.remove(&next);
+            self.ordering.of.remove(&next);
         }
     }
 
@@ -103,7 +147,7 @@ impl Scheduler {
     /// again, so an event parked behind them is decided: released here
     /// ([`Self::release_pos`]) or, failing that, touched.
     pub fn take_announcements(&mut self) -> Vec<i64> {
-        std::mem::take(&mut self.announce)
+        std::mem::take(&mut self.ordering.announce)
     }
 
     /// Where the aggregate of `after` (announced by
@@ -113,8 +157,8 @@ impl Scheduler {
     /// (offset [`RELEASED`]: no message of its own to commit). `None`: the
     /// partition left, the driver touches the event for its next owner.
     pub fn release_pos(&mut self, after: i64) -> Option<Pos> {
-        let pos = self.announce_pos.remove(&after)?;
-        let generation = self.partitions.get(&pos.partition)?.generation;
+        let pos = self.ordering.announce_pos.remove(&after)?;
+        let generation = self.assignment.generation(pos.partition)?;
         Some(Pos {
             partition: pos.partition,
             generation,
@@ -142,17 +186,17 @@ impl Scheduler {
 
     /// Announces `id`'s aggregate's next pending event once `id` is sent.
     pub(super) fn announce_after_ends(&mut self, id: i64) {
-        if self.announce_after.len() >= MAX_AGGREGATE_QUEUED {
+        if self.ordering.announce_after.len() >= MAX_AGGREGATE_QUEUED {
             // Ids that never ran here (a failed event never resent):
             // forgetting them costs the sweep's touch, a minute later.
-            self.announce_after.clear();
+            self.ordering.announce_after.clear();
         }
-        self.announce_after.insert(id);
+        self.ordering.announce_after.insert(id);
     }
 
     /// Triggers waiting in aggregates' lines.
     pub fn aggregate_queued(&self) -> usize {
-        self.aggregate_queued
+        self.ordering.queued
     }
 
     /// Parks `id` behind `behind`, the earlier event of its aggregate that

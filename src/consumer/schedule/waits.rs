@@ -29,6 +29,56 @@ pub const MAX_WAITING: usize = 20_000;
 /// Rows a rate line reads ahead of its permits (their payloads are held).
 pub const LINE_ROWS: usize = 16;
 
+/// Everything that waits here for time to pass.
+#[derive(Debug, Default)]
+pub(super) struct Waits {
+    /// Rows to read again at a due time (retries).
+    pub(super) due: DueEntries,
+    /// Rate-limited dispatchers' events waiting for a permit.
+    pub(super) lines: Vec<RateLine>,
+    /// Ids being read again for a rate line (its index).
+    pub(super) refill_of: HashMap<i64, usize>,
+}
+
+impl Waits {
+    /// Entries with no payload: retries due later and rate-limited ids.
+    pub(super) fn entries(&self) -> usize {
+        self.due.len() + self.lines.iter().map(|l| l.ids.len()).sum::<usize>()
+    }
+
+    /// Rows read ahead at the rate lines' heads (their payloads held).
+    pub(super) fn rows_read_ahead(&self) -> usize {
+        self.lines.iter().map(|l| l.rows.len()).sum()
+    }
+
+    /// Events waiting for their dispatcher's rate, read ahead or not.
+    pub(super) fn rate_waiting(&self) -> usize {
+        self.lines.iter().map(RateLine::waiting).sum()
+    }
+
+    /// When the first retry falls due, or a line may ask for a permit.
+    pub(super) fn next_at(&self) -> Option<Instant> {
+        self.due
+            .next()
+            .into_iter()
+            .chain(
+                self.lines
+                    .iter()
+                    .filter(|l| !l.rows.is_empty())
+                    .filter_map(|l| l.next_at),
+            )
+            .min()
+    }
+
+    /// An id read again for a rate line is back (or gone).
+    pub(super) fn refilled(&mut self, id: i64) {
+        if let Some(i) = self.refill_of.remove(&id) {
+            let line = &mut self.lines[i];
+            line.refilling = line.refilling.saturating_sub(1);
+        }
+    }
+}
+
 /// Rows to read again at a due time.
 #[derive(Debug, Default)]
 pub(super) struct DueEntries {
@@ -83,11 +133,6 @@ impl DueEntries {
             self.remove(*id);
         }
         ids
-    }
-
-    pub(super) fn clear(&mut self) {
-        self.by_time.clear();
-        self.at.clear();
     }
 }
 
