@@ -119,6 +119,20 @@ pub(crate) fn send(
 /// How many aggregates an ordered scenario spreads its rows over.
 pub(crate) const AGGREGATES: i64 = 1_000;
 
+/// How many aggregates the scenario under way spreads its rows over
+/// ([`AGGREGATES`], or 1 for the one-hot-aggregate case).
+pub(crate) static AGGREGATE_COUNT: std::sync::atomic::AtomicI64 =
+    std::sync::atomic::AtomicI64::new(AGGREGATES);
+
+/// The number of aggregates of a scenario's rows.
+pub(crate) fn aggregates_of(setup: &crate::scenarios::Setup) -> i64 {
+    if setup.hot {
+        1
+    } else {
+        AGGREGATES
+    }
+}
+
 /// Whether change events are keyed by the row's aggregate (an ordered
 /// scenario) rather than its id.
 pub(crate) static ORDERED_KEYS: std::sync::atomic::AtomicBool =
@@ -128,7 +142,8 @@ pub(crate) static ORDERED_KEYS: std::sync::atomic::AtomicBool =
 /// connector keys by (`message.key.columns`).
 pub(crate) fn key_of(id: i64) -> String {
     if ORDERED_KEYS.load(std::sync::atomic::Ordering::Relaxed) {
-        json!({"aggregate_key": format!("agg-{}", id % AGGREGATES)}).to_string()
+        let aggregates = AGGREGATE_COUNT.load(std::sync::atomic::Ordering::Relaxed);
+        json!({"aggregate_key": format!("agg-{}", id % aggregates)}).to_string()
     } else {
         json!({"id": id}).to_string()
     }

@@ -217,6 +217,11 @@ pub(crate) const S1_TRACED: &str = "S1 backlog, traceparent column";
 pub(crate) const S1_TRACE_COLUMN: &str = "S1 backlog, traceparent column, tracing off";
 /// S1 with `[ordering]` over 1,000 aggregates.
 pub(crate) const S1_ORDERED: &str = "S1 backlog, ordered by aggregate";
+/// S1 ordered, every event in one aggregate (run back to back after the
+/// ordering pair, on [`HOT_EVENTS`] events at most: they go one at a time).
+pub(crate) const S1_HOT: &str = "S1 backlog, one hot aggregate";
+/// The one-hot-aggregate case's backlog, at most.
+pub(crate) const HOT_EVENTS: usize = 5_000;
 /// S1 against the 204 receiver.
 pub(crate) const S1_204: &str = "S1 backlog, 204 receiver";
 /// S1 against the 201 receiver over HTTPS.
@@ -238,10 +243,29 @@ pub(crate) fn base_setup(opts: &Options) -> Setup {
         traced: false,
         trace_column: false,
         ordered: false,
+        hot: false,
     }
 }
 
 /// One backlog scenario of `n` events: run, print, add to the sheet.
+/// The ordering pair's one-hot-aggregate case: S1 ordered with every
+/// event in one aggregate, back to back after the pair.
+async fn hot_aggregate(
+    env: &Env,
+    sheet: &mut Sheet,
+    run: usize,
+    base: Setup,
+    n: usize,
+) -> Result<()> {
+    let hot = Setup {
+        ordered: true,
+        hot: true,
+        ..base
+    };
+    backlog(env, sheet, run, S1_HOT, false, true, hot, n.min(HOT_EVENTS)).await?;
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn backlog(
     env: &Env,
@@ -385,10 +409,17 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
             sides.reverse();
         }
         if o.side_by_side {
-            return side::pair(env, sheet, run, &sides, n).await;
+            side::pair(env, sheet, run, &sides, n).await?;
+            if o.ordering_pair {
+                hot_aggregate(env, sheet, run, base, n).await?;
+            }
+            return Ok(());
         }
         for (label, setup) in sides {
             backlog(env, sheet, run, label, false, true, setup, n).await?;
+        }
+        if o.ordering_pair {
+            hot_aggregate(env, sheet, run, base, n).await?;
         }
         return Ok(());
     }

@@ -20,7 +20,10 @@ pub(crate) struct Options {
     /// (no exporter), paired; the goal: within 5 %.
     pub(crate) trace_pair: bool,
     /// `--ordering-pair`: S1 and S1 with `[ordering]` over
-    /// [`crate::kafka::AGGREGATES`] aggregates, in turn (issue #32).
+    /// [`crate::kafka::AGGREGATES`] aggregates, in turn (issue #32), then
+    /// S1 with every event in one aggregate (at most
+    /// [`crate::HOT_EVENTS`] events, back to back; its ratio to S1 is
+    /// printed, with no goal).
     pub(crate) ordering_pair: bool,
     /// With a pair: its sides drain at the same time, each on its own
     /// database and topic (`side`), rates over the window all ran. The

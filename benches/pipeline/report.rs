@@ -211,6 +211,30 @@ pub(crate) fn report(opts: &Options, sheet: &Sheet, runs_done: usize) -> String 
         ],
         (false, false) => vec![],
     };
+    if opts.ordering_pair {
+        // No goal: an aggregate's events go one at a time, each after the
+        // one before it is written; the figure says what that costs.
+        let rate = |label: &str| format!("{label}: events/s end to end");
+        let pairs = per_run(sheet, &[&rate(super::S1_HOT), &rate(super::S1)], |v| {
+            v[0] / v[1]
+        });
+        line(
+            &mut out,
+            format!(
+                "     S1 with every event in one aggregate ({} events at most, back to back): \
+                 {} events/s, × {:.3} of S1's (median of {} pairs: {})",
+                thousands(super::HOT_EVENTS as f64),
+                thousands(sheet.median(&rate(super::S1_HOT))),
+                median(&pairs),
+                pairs.len(),
+                pairs
+                    .iter()
+                    .map(|p| format!("{p:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
     if !goals.is_empty() {
         let rate = |label: &str| format!("{label}: events/s end to end");
         for (variant, against, what, bound, goal) in goals {

@@ -36,6 +36,9 @@ pub(crate) struct Setup {
     /// [`crate::kafka::AGGREGATES`]) keys its change events, as
     /// `message.key.columns` would.
     pub(crate) ordered: bool,
+    /// With `ordered`: every row in one aggregate (the one-hot-aggregate
+    /// case: its events go one at a time).
+    pub(crate) hot: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -161,7 +164,7 @@ pub(crate) async fn prepare_table(store: &Store, setup: Setup) -> Result<()> {
                 "ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS aggregate_key text \
                  GENERATED ALWAYS AS ('agg-' || (id % {a})) STORED; \
                  CREATE INDEX IF NOT EXISTS {TABLE}_aggregate ON {TABLE} (aggregate_key, id)",
-                a = crate::kafka::AGGREGATES
+                a = crate::kafka::aggregates_of(&setup)
             ))
             .await
             .context("adding the aggregate column")?;
@@ -183,6 +186,10 @@ pub(crate) async fn scenario_on(
     let base = max_id(&store).await?;
     prepare_table(&store, setup).await?;
     crate::kafka::ORDERED_KEYS.store(setup.ordered, std::sync::atomic::Ordering::Relaxed);
+    crate::kafka::AGGREGATE_COUNT.store(
+        crate::kafka::aggregates_of(&setup),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     insert_rows(&store, n, setup.payload_bytes).await?;
     if setup.echoes {
         echo::install(&store).await?;

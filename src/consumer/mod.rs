@@ -53,7 +53,7 @@ use crate::store::{RowRead, Store};
 pub use client::{client_config, ConsumerError};
 use client::{dead_letter, error_kind, GroupEvent, Kafka};
 use group::{Group, Held, Revocation};
-use schedule::{Flow, Limits, Pos, Read, Scheduler, Start};
+use schedule::{Flow, Limits, Pos, Read, Scheduler, Start, RELEASE_BATCH};
 
 /// How often an idle consumer loop turns (liveness).
 const BEAT: Duration = Duration::from_secs(1);
@@ -157,7 +157,7 @@ struct Replies {
 }
 
 /// A release read's answer: (after, next, position).
-type Released = (i64, i64, Pos);
+type Released = (i64, Vec<i64>, Pos);
 
 impl Replies {
     fn new() -> Self {
@@ -282,7 +282,7 @@ impl Pipeline {
                     sched.rows_read(ticket, result, TokioInstant::now());
                 }
                 Some((after, next, pos)) = replies.release_rx.recv() => {
-                    if !sched.released(next, pos) {
+                    if !sched.released(after, &next, pos) {
                         self.spawn_announce(after);
                     }
                 }
@@ -519,11 +519,12 @@ impl Pipeline {
         let store = self.store.clone();
         let metrics = self.metrics.clone();
         tokio::spawn(async move {
-            match tokio::time::timeout(READ_DEADLINE, store.next_pending_after(after)).await {
-                Ok(Ok(Some(next))) => {
+            let read = store.next_pending_after(after, RELEASE_BATCH as u64);
+            match tokio::time::timeout(READ_DEADLINE, read).await {
+                Ok(Ok(next)) if next.is_empty() => {}
+                Ok(Ok(next)) => {
                     let _ = tx.send((after, next, pos));
                 }
-                Ok(Ok(None)) => {}
                 Ok(Err(e)) => {
                     warn!(after, error = %e, "cannot read the aggregate's next pending event; announcing it instead");
                     announce(store, metrics, after).await;

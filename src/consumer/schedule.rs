@@ -45,7 +45,7 @@ use crate::store::RowRead;
 use assignment::Assignment;
 use flow::FlowControl;
 use lines::Aggregates;
-pub use lines::{MAX_AGGREGATE_QUEUED, RELEASED};
+pub use lines::{MAX_AGGREGATE_QUEUED, RELEASED, RELEASE_BATCH};
 use reads::Reads;
 use waits::{RateLine, Waits};
 pub use waits::{LINE_ROWS, MAX_WAITING};
@@ -627,7 +627,9 @@ impl Scheduler {
                 return;
             }
             Some(RowRead::Row(row)) if row.status == Status::Pending => {
-                if !w.expect.created && row.sequence.as_ref().is_some_and(|s| s.aggregate.is_some())
+                if !w.expect.created
+                    && row.sequence.as_ref().is_some_and(|s| s.aggregate.is_some())
+                    && !self.ordering.chained.contains(&w.id)
                 {
                     self.announce_after_ends(row.id);
                 }
@@ -696,6 +698,7 @@ impl Scheduler {
 
     fn free_id(&mut self, id: i64) {
         self.work.remove(&id);
+        self.ordering.chained.remove(&id);
         self.waits.refilled(id);
         self.ready.created.remove(&id);
         self.reads.deleted_while_reading.remove(&id);

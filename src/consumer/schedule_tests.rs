@@ -977,7 +977,7 @@ fn a_released_aggregate_is_decided_here_event_after_event_with_no_message_of_its
     // Its partition is still this replica's: 2 is released here, on it.
     let pos = h.s.release_pos(1).expect("partition 0 is ours");
     assert_eq!((pos.partition, pos.offset), (0, RELEASED));
-    assert!(h.s.released(2, pos));
+    assert!(h.s.released(1, &[2], pos));
     let r = h.reads_due();
     assert_eq!(r[0].ids, vec![2]);
     h.s.rows_read(r[0].ticket, Ok(vec![in_line(2, None)]), h.now);
@@ -991,7 +991,67 @@ fn a_released_aggregate_is_decided_here_event_after_event_with_no_message_of_its
     // for the partition's next owner).
     let pos = h.s.release_pos(2).expect("still ours");
     h.s.revoke(&[0]);
-    assert!(!h.s.released(3, pos));
+    assert!(!h.s.released(2, &[3], pos));
     assert!(h.s.busy_ids().is_empty());
     assert_eq!(h.s.release_pos(99), None, "nothing announced after 99");
+}
+
+#[test]
+fn a_released_batch_goes_one_after_the_other_and_only_its_last_is_followed_by_a_read() {
+    let mut h = Harness::new(8);
+    // 1 was failed, 2, 3 and 4 parked behind it; 1 is resent and sent.
+    let p1 = h.ordered(0, 0, &touched(1, 0), "a");
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
+    let start = h.starts().remove(0);
+    h.s.job_ended_in(1, start.serial, &p1, true, true, h.now);
+    assert_eq!(h.s.take_announcements(), vec![1]);
+    let pos = h.s.release_pos(1).expect("partition 0 is ours");
+    // One release read found 2, 3 and 4: 2 is decided, 3 and 4 wait.
+    assert!(h.s.released(1, &[2, 3, 4], pos));
+    for id in [2, 3] {
+        let r = h.reads_due();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].ids, vec![id], "one at a time, in id order");
+        h.s.rows_read(r[0].ticket, Ok(vec![in_line(id, None)]), h.now);
+        let start = h.starts().remove(0);
+        h.s.job_ended_in(id, start.serial, &start.pos, true, true, h.now);
+        assert!(
+            h.s.take_announcements().is_empty(),
+            "{id}'s next was released with it: no read after {id}"
+        );
+    }
+    let r = h.reads_due();
+    assert_eq!(r[0].ids, vec![4]);
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(4, None)]), h.now);
+    let start = h.starts().remove(0);
+    h.s.job_ended_in(4, start.serial, &start.pos, true, true, h.now);
+    assert_eq!(
+        h.s.take_announcements(),
+        vec![4],
+        "the batch's last reads on"
+    );
+    assert!(h.s.busy_ids().is_empty());
+    assert_eq!(h.commit(0), Some(1), "released events commit nothing");
+}
+
+#[test]
+fn a_released_batch_of_a_revoked_partition_leaves_nothing_behind() {
+    let mut h = Harness::new(8);
+    let p1 = h.ordered(0, 0, &touched(1, 0), "a");
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
+    let start = h.starts().remove(0);
+    h.s.job_ended_in(1, start.serial, &p1, true, true, h.now);
+    h.s.take_announcements();
+    let pos = h.s.release_pos(1).unwrap();
+    assert!(h.s.released(1, &[2, 3, 4], pos));
+    h.s.revoke(&[0]);
+    assert!(h.s.busy_ids().is_empty());
+    assert_eq!(h.s.aggregate_queued(), 0);
+    h.s.assign(&[0]);
+    assert!(
+        h.reads_due().is_empty(),
+        "nothing of the batch is read again"
+    );
 }

@@ -176,35 +176,35 @@ impl Store {
     /// aggregate later than it, which may have been parked behind it;
     /// which one, if any.
     pub async fn announce_next(&self, after: i64) -> Result<Option<i64>, StoreError> {
-        match self.next_pending_after(after).await? {
-            Some(n) => self.touch_one_pending(&[n], &[]).await,
+        match self.next_pending_after(after, 1).await?.first() {
+            Some(&n) => self.touch_one_pending(&[n], &[]).await,
             None => Ok(None),
         }
     }
 
-    /// The oldest pending event of `after`'s aggregate later than it, if
-    /// any (read only: a release decides it here, with no touch).
-    pub async fn next_pending_after(&self, after: i64) -> Result<Option<i64>, StoreError> {
+    /// The oldest `limit` pending events of `after`'s aggregate later than
+    /// it, in id order (read only: a release decides them here, with no
+    /// touch).
+    pub async fn next_pending_after(&self, after: i64, limit: u64) -> Result<Vec<i64>, StoreError> {
         let Some(o) = &self.ordering else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let t = self.quoted_table();
         let c = self.quote_ident(&o.column);
         let sql = format!(
-            "SELECT min(n.id) AS id FROM {t} b JOIN {t} n ON n.{c} = b.{c} AND n.id > b.id \
-             AND n.status = 'pending' WHERE b.id = {after}"
+            "SELECT n.id AS id FROM {t} b JOIN {t} n ON n.{c} = b.{c} AND n.id > b.id \
+             AND n.status = 'pending' WHERE b.id = {after} ORDER BY n.id LIMIT {limit}"
         );
-        let err = || db_err("finding an aggregate's next pending event");
-        let next: Option<i64> = self
+        let err = || db_err("finding an aggregate's next pending events");
+        let rows = self
             .connection()
-            .query_one_raw(Statement::from_string(self.backend(), sql))
+            .query_all_raw(Statement::from_string(self.backend(), sql))
             .await
-            .map_err(err())?
-            .map(|r| r.try_get::<Option<i64>>("", "id"))
-            .transpose()
-            .map_err(err())?
-            .flatten();
-        Ok(next)
+            .map_err(err())?;
+        rows.iter()
+            .map(|r| r.try_get::<i64>("", "id"))
+            .collect::<Result<Vec<i64>, _>>()
+            .map_err(err())
     }
 
     /// Announces again (touches) up to `limit` pending events that nothing

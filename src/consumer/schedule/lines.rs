@@ -24,6 +24,9 @@ pub const MAX_AGGREGATE_QUEUED: usize = 100_000;
 /// (finishing it commits nothing).
 pub const RELEASED: i64 = -1;
 
+/// Pending events of a released aggregate read at once, in id order.
+pub const RELEASE_BATCH: usize = 64;
+
 /// An aggregate's line: one event decided at a time, in arrival order.
 #[derive(Debug)]
 pub(super) struct Line {
@@ -53,18 +56,28 @@ pub(super) struct Aggregates {
     /// on an event other than their insert on their aggregate's partition
     /// (see [`Expect::created`]), so one may have been parked elsewhere.
     pub(super) announce_after: HashSet<i64>,
+    /// Released ids whose aggregate's next pending event was released with
+    /// them and waits in their line: nothing to announce after them.
+    pub(super) chained: HashSet<i64>,
 }
 
 impl Aggregates {
     /// Drops the lines of revoked partitions' triggers (`gone`).
     pub(super) fn drop_where(&mut self, gone: impl Fn(&Pos) -> bool) {
-        let mut dropped = 0;
+        let mut dropped = Vec::new();
         for line in self.lines.values_mut() {
-            let before = line.queue.len();
-            line.queue.retain(|(_, pos, _)| !gone(pos));
-            dropped += before - line.queue.len();
+            line.queue.retain(|(id, pos, _)| {
+                let keep = !gone(pos);
+                if !keep {
+                    dropped.push(*id);
+                }
+                keep
+            });
         }
-        self.queued -= dropped;
+        self.queued -= dropped.len();
+        for id in dropped {
+            self.chained.remove(&id);
+        }
     }
 
     /// Drops the lines (shutdown); what is owed an announcement stays.
@@ -72,6 +85,7 @@ impl Aggregates {
         self.lines.clear();
         self.of.clear();
         self.queued = 0;
+        self.chained.clear();
     }
 }
 
@@ -88,8 +102,12 @@ impl Scheduler {
         if !self.current(&pos) {
             return;
         }
-        let id = trigger.id;
-        let expect = Expect::from(trigger);
+        self.line_or_admit(aggregate, trigger.id, pos, Expect::from(trigger));
+    }
+
+    /// `id` joins its aggregate's line, or is admitted as the line's
+    /// active event (a new line when the aggregate has none here).
+    fn line_or_admit(&mut self, aggregate: &str, id: i64, pos: Pos, expect: Expect) {
         if let Some(line) = self.ordering.lines.get_mut(aggregate) {
             if line.active != id {
                 line.queue.push_back((id, pos, expect));
@@ -166,21 +184,35 @@ impl Scheduler {
         })
     }
 
-    /// An aggregate's next pending event, found by a release read: decided
-    /// as a change event would announce it (its read says whether
-    /// anything earlier still holds it, so it is never sent out of order).
-    /// `false` when the partition left meanwhile: the driver touches it.
-    pub fn released(&mut self, id: i64, pos: Pos) -> bool {
+    /// An aggregate's next pending events after `after`, in id order,
+    /// found by one release read ([`RELEASE_BATCH`] at most): each is
+    /// decided as a change event would announce it (its read says whether
+    /// anything earlier still holds it, so none is sent out of order), one
+    /// after the other in a line of their own, so only the batch's last
+    /// is followed by another release read. `false` when the partition
+    /// left meanwhile: the driver touches the first for its next owner.
+    pub fn released(&mut self, after: i64, ids: &[i64], pos: Pos) -> bool {
         if !self.current(&pos) {
             return false;
         }
-        self.metrics.ordering_announced_total.inc();
+        self.metrics
+            .ordering_announced_total
+            .inc_by(ids.len() as u64);
         let expect = Expect {
             attempts: None,
             updated_at: None,
             created: false,
         };
-        self.admit(id, pos, expect);
+        // The line's key is the release's own: change events of the
+        // aggregate keep theirs (its value as the topic's key); what may
+        // not overtake what is the read's to say, as for any event.
+        let key = format!("\u{0}released after {after}");
+        for (i, &id) in ids.iter().enumerate() {
+            if i + 1 < ids.len() {
+                self.ordering.chained.insert(id);
+            }
+            self.line_or_admit(&key, id, pos, expect);
+        }
         true
     }
 
