@@ -927,7 +927,10 @@ impl Scheduler {
         {
             if s == serial {
                 self.jobs.bytes -= bytes;
-                if self.ordering.announce_after.remove(&id) && unblocks {
+                // A released id whose next was released with it: that one
+                // waits in its line here, nothing to read after this one.
+                let chained = self.ordering.chained.contains(&id);
+                if self.ordering.announce_after.remove(&id) && unblocks && !chained {
                     self.ordering.announce.push(id);
                     self.ordering.announce_pos.insert(id, *pos);
                 }

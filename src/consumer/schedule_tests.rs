@@ -1055,3 +1055,36 @@ fn a_released_batch_of_a_revoked_partition_leaves_nothing_behind() {
         "nothing of the batch is read again"
     );
 }
+
+#[test]
+fn a_released_batch_whose_events_were_parked_behind_each_other_is_read_once() {
+    let mut h = Harness::new(8);
+    // 1 failed; 2 was parked behind 1 and 3 behind 2 (their change events).
+    let p2 = h.ordered(0, 0, &trig(2, 0, 0), "a");
+    let p3 = h.ordered(0, 1, &trig(3, 0, 0), "a");
+    let _ = (p2, p3);
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(2, Some(1))]), h.now);
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(3, Some(2))]), h.now);
+    assert!(h.s.busy_ids().is_empty(), "both parked");
+    // 1 resent and sent: one release read finds 2 and 3.
+    let p1 = h.ordered(0, 2, &touched(1, 0), "a");
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
+    let start = h.starts().remove(0);
+    h.s.job_ended_in(1, start.serial, &p1, true, true, h.now);
+    assert_eq!(h.s.take_announcements(), vec![1]);
+    let pos = h.s.release_pos(1).unwrap();
+    assert!(h.s.released(1, &[2, 3], pos));
+    let r = h.reads_due();
+    h.s.rows_read(r[0].ticket, Ok(vec![in_line(2, None)]), h.now);
+    let start = h.starts().remove(0);
+    h.s.job_ended_in(2, start.serial, &start.pos, true, true, h.now);
+    assert!(
+        h.s.take_announcements().is_empty(),
+        "3 was parked behind 2, but it waits in the release's line: no second read"
+    );
+    let r = h.reads_due();
+    assert_eq!(r[0].ids, vec![3]);
+}
