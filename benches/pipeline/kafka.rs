@@ -124,15 +124,6 @@ pub(crate) const AGGREGATES: i64 = 1_000;
 pub(crate) static AGGREGATE_COUNT: std::sync::atomic::AtomicI64 =
     std::sync::atomic::AtomicI64::new(AGGREGATES);
 
-/// The number of aggregates of a scenario's rows.
-pub(crate) fn aggregates_of(setup: &crate::scenarios::Setup) -> i64 {
-    if setup.hot {
-        1
-    } else {
-        AGGREGATES
-    }
-}
-
 /// Whether change events are keyed by the row's aggregate (an ordered
 /// scenario) rather than its id.
 pub(crate) static ORDERED_KEYS: std::sync::atomic::AtomicBool =

@@ -1,5 +1,6 @@
 //! The figures of every run, their medians and the goal lines.
 
+pub(crate) use super::verdict::{median, thousands};
 use super::*;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -58,31 +59,6 @@ impl Sheet {
             .find(|f| f.name == name)
             .map_or(f64::NAN, |f| median(&f.values))
     }
-}
-
-pub(crate) fn median(values: &[f64]) -> f64 {
-    let v = sorted(values.to_vec());
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-pub(crate) fn thousands(v: f64) -> String {
-    if !v.is_finite() {
-        return "n/a".to_owned();
-    }
-    let s = format!("{:.0}", v.round());
-    let (sign, digits) = s.strip_prefix('-').map_or(("", s.as_str()), |d| ("-", d));
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    format!("{sign}{out}")
 }
 
 pub(crate) fn show(v: f64, unit: Unit) -> String {

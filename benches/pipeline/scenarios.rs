@@ -41,6 +41,17 @@ pub(crate) struct Setup {
     pub(crate) hot: bool,
 }
 
+impl Setup {
+    /// How many aggregates the rows are spread over (ordered scenarios).
+    pub(crate) fn aggregates(&self) -> i64 {
+        if self.hot {
+            1
+        } else {
+            crate::kafka::AGGREGATES
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ScenarioResult {
     pub(crate) events: usize,
@@ -164,7 +175,7 @@ pub(crate) async fn prepare_table(store: &Store, setup: Setup) -> Result<()> {
                 "ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS aggregate_key text \
                  GENERATED ALWAYS AS ('agg-' || (id % {a})) STORED; \
                  CREATE INDEX IF NOT EXISTS {TABLE}_aggregate ON {TABLE} (aggregate_key, id)",
-                a = crate::kafka::aggregates_of(&setup)
+                a = setup.aggregates()
             ))
             .await
             .context("adding the aggregate column")?;
@@ -186,10 +197,7 @@ pub(crate) async fn scenario_on(
     let base = max_id(&store).await?;
     prepare_table(&store, setup).await?;
     crate::kafka::ORDERED_KEYS.store(setup.ordered, std::sync::atomic::Ordering::Relaxed);
-    crate::kafka::AGGREGATE_COUNT.store(
-        crate::kafka::aggregates_of(&setup),
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    crate::kafka::AGGREGATE_COUNT.store(setup.aggregates(), std::sync::atomic::Ordering::Relaxed);
     insert_rows(&store, n, setup.payload_bytes).await?;
     if setup.echoes {
         echo::install(&store).await?;

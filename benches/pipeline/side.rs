@@ -74,7 +74,7 @@ async fn prepare(label: String, setup: Setup, url: &str, n: usize) -> Result<Sid
     let base = max_id(&store).await?;
     prepare_table(&store, setup).await?;
     crate::kafka::ORDERED_KEYS.store(setup.ordered, Ordering::Relaxed);
-    crate::kafka::AGGREGATE_COUNT.store(crate::kafka::aggregates_of(&setup), Ordering::Relaxed);
+    crate::kafka::AGGREGATE_COUNT.store(setup.aggregates(), Ordering::Relaxed);
     insert_rows(&store, n, setup.payload_bytes).await?;
     if setup.echoes {
         echo::install(&store).await?;

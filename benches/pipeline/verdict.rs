@@ -13,8 +13,6 @@
 
 use std::fmt;
 
-use super::report::median;
-
 /// Fewer pairs than this give no PASS or MISS.
 pub(crate) const MIN_PAIRS: usize = 5;
 
@@ -88,6 +86,34 @@ pub(crate) fn spread(pairs: &[f64]) -> (f64, f64) {
     }
 }
 
+/// The median of `values` (NaN when there are none).
+pub(crate) fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// `v` rounded, with thousands separated by commas (`n/a` when not finite).
+pub(crate) fn thousands(v: f64) -> String {
+    if !v.is_finite() {
+        return "n/a".to_owned();
+    }
+    let s = format!("{:.0}", v.round());
+    let (sign, digits) = s.strip_prefix('-').map_or(("", s.as_str()), |d| ("-", d));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    format!("{sign}{out}")
+}
+
 /// How a goal's figures are written: the median with its unit, the
 /// spread as bare numbers.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -107,7 +133,7 @@ impl Shown {
         }
         match self {
             Shown::Times(d) | Shown::Unit(d, _) if d > 0 => format!("{v:.d$}"),
-            Shown::Times(_) | Shown::Unit(..) | Shown::Rate => super::report::thousands(v),
+            Shown::Times(_) | Shown::Unit(..) | Shown::Rate => thousands(v),
         }
     }
 
