@@ -18,6 +18,7 @@
 //! make bench-throttled                                   # see `throttled`
 //!       [--events N] [--rate R] [--throttled-seconds S]
 //! cargo test --bench pipeline                            # the verdict rule's checks
+//! BENCH_SIDECAR_BIN=path/to/outbox-sidecar make …         # another build of the sidecar
 //! ```
 //!
 //! The modules: `options` (the command line), `sys` (/proc), `sidecar` (the

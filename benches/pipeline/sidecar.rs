@@ -61,7 +61,11 @@ impl Sidecar {
             )),
             None => dir.path().join("stderr.log"),
         };
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-sidecar"))
+        // BENCH_SIDECAR_BIN runs another build of the sidecar (an earlier
+        // commit's, to compare side by side); by default the one cargo built.
+        let bin = std::env::var_os("BENCH_SIDECAR_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_outbox-sidecar").into());
+        let child = std::process::Command::new(bin)
             .arg("run")
             .arg("--config")
             .arg(&config)
