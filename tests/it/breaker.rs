@@ -77,8 +77,18 @@ async fn events_a_breaker_parked_are_announced_again_when_the_replica_stops() {
 /// The cool-down of [`rows_a_breaker_parked_follow_their_partition_to_the_next_replica`].
 const COOL_DOWN: Duration = Duration::from_secs(10);
 
-fn signal(s: &crate::harness::child::Sidecar, sig: &str) {
-    let pid = s.child.id().to_string();
+/// A replica run as a process, killed if the test ends before it stops it.
+struct Replica(crate::harness::child::Sidecar);
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+    }
+}
+
+fn signal(s: &Replica, sig: &str) {
+    let pid = s.0.child.id().to_string();
     let status = std::process::Command::new("kill")
         .args([sig, &pid])
         .status()
@@ -131,14 +141,14 @@ async fn rows_a_breaker_parked_follow_their_partition_to_the_next_replica() {
     ));
     std::fs::write(&config, toml).unwrap();
     let log = dir.path().join("sidecars.log");
-    let first = spawn(&config, &log);
-    wait_ready("the first replica", &first.base, T).await;
+    let first = Replica(spawn(&config, &log));
+    wait_ready("the first replica", &first.0.base, T).await;
     let mut ids = Vec::new();
     for i in 0..50 {
         ids.push(t.insert("accounts.purchase_create", json!({"n": i})).await);
     }
     eventually("the first replica's breaker to park the events", T, || {
-        let base = first.base.clone();
+        let base = first.0.base.clone();
         async move {
             let state = metric(
                 &base,
@@ -158,10 +168,10 @@ async fn rows_a_breaker_parked_follow_their_partition_to_the_next_replica() {
     // The first replica stops answering; the second joins and, once the
     // first's session has expired, owns the partition.
     signal(&first, "-STOP");
-    let second = spawn(&config, &log);
-    wait_ready("the second replica", &second.base, T).await;
+    let second = Replica(spawn(&config, &log));
+    wait_ready("the second replica", &second.0.base, T).await;
     eventually("the second replica to be assigned the partition", T, || {
-        let base = second.base.clone();
+        let base = second.0.base.clone();
         async move {
             let assigned = metric(
                 &base,
@@ -181,7 +191,7 @@ async fn rows_a_breaker_parked_follow_their_partition_to_the_next_replica() {
         "the first replica to learn it lost the partition",
         T,
         || {
-            let base = first.base.clone();
+            let base = first.0.base.clone();
             async move {
                 let lost = metric(
                 &base,
@@ -226,9 +236,8 @@ async fn rows_a_breaker_parked_follow_their_partition_to_the_next_replica() {
     if std::env::var_os("OUTBOX_TEST_SHOW_LOG").is_some() {
         println!("{}", log_text());
     }
-    for s in [first, second] {
+    for mut s in [first, second] {
         signal(&s, "-TERM");
-        let mut child = s.child;
-        child.wait().unwrap();
+        s.0.child.wait().unwrap();
     }
 }
