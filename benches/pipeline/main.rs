@@ -19,6 +19,7 @@
 //!       [--events N] [--rate R] [--throttled-seconds S]
 //! cargo test --bench pipeline                            # the verdict rule's checks
 //! BENCH_SIDECAR_BIN=path/to/outbox-sidecar make …         # another build of the sidecar
+//! make bench-pipeline BENCH_ARGS="--versus path/to/outbox-sidecar"  # S1 beside another build, side by side
 //! ```
 //!
 //! The modules: `options` (the command line), `sys` (/proc), `sidecar` (the
@@ -223,6 +224,8 @@ pub(crate) const S1_ORDERED: &str = "S1 backlog, ordered by aggregate";
 pub(crate) const S1_HOT: &str = "S1 backlog, one hot aggregate";
 /// The one-hot-aggregate case's backlog, at most.
 pub(crate) const HOT_EVENTS: usize = 5_000;
+/// S1 run by the build `--versus` names (an earlier commit's binary).
+pub(crate) const S1_VERSUS: &str = "S1 backlog, the --versus build";
 /// S1 against the 204 receiver.
 pub(crate) const S1_204: &str = "S1 backlog, 204 receiver";
 /// S1 against the 201 receiver over HTTPS.
@@ -245,6 +248,7 @@ pub(crate) fn base_setup(opts: &Options) -> Setup {
         trace_column: false,
         ordered: false,
         hot: false,
+        versus: false,
     }
 }
 
@@ -369,7 +373,18 @@ async fn one_run(env: &Env, sheet: &mut Sheet, run: usize) -> Result<()> {
     // A pair: S1 beside a variant of it (ordered per aggregate, or with
     // trace context read and sent, no exporter), in turn forwards and
     // backwards.
-    let sides: Option<Vec<(&'static str, Setup)>> = if o.ordering_pair {
+    let sides: Option<Vec<(&'static str, Setup)>> = if o.versus.is_some() {
+        Some(vec![
+            (S1, base),
+            (
+                S1_VERSUS,
+                Setup {
+                    versus: true,
+                    ..base
+                },
+            ),
+        ])
+    } else if o.ordering_pair {
         Some(vec![
             (S1, base),
             (

@@ -48,6 +48,9 @@ pub(crate) struct Options {
     pub(crate) scale_only: bool,
     /// Only the memory scenario (`--memory`), with payloads of this many KiB.
     pub(crate) memory: Option<usize>,
+    /// `--versus PATH`: S1 beside S1 run by another build of the sidecar
+    /// (an earlier commit's), side by side.
+    pub(crate) versus: Option<String>,
     /// Only the throttled scenario (`--throttled`): its rate (events/s)
     /// and how long the throttled side runs, in seconds.
     pub(crate) throttled: Option<(u32, f64)>,
@@ -62,7 +65,7 @@ pub(crate) struct Options {
 pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pipeline -- \
 [--events N] [--runs R] [--quick] [--backlog-only] [--max-in-flight M] [--naive-events N] \
 [--limit-events N] [--paced-seconds S] [--no-attempt-log] [--pg-url URL] [--kafka-property KEY=VALUE]... \
-[--no-echoes] [--trace-pair] [--ordering-pair] [--side-by-side | --back-to-back] [--large-events N] [--large-payload-bytes B] \
+[--no-echoes] [--trace-pair] [--ordering-pair] [--versus PATH] [--side-by-side | --back-to-back] [--large-events N] [--large-payload-bytes B] \
 [--scale-events N] [--scale-window W] [--scale-only] \
 | --scenario history [--events N] [--runs R] [--history-rows N] [--idle-seconds S] [--back-to-back] \
 | --memory [--events N] [--payload-kib K] \
@@ -76,6 +79,7 @@ impl Options {
         let mut max_in_flight: Option<usize> = None;
         let mut memory = false;
         let mut throttled = false;
+        let mut versus: Option<String> = None;
         let mut rate: u32 = 10;
         let mut throttled_seconds: f64 = 120.0;
         let mut payload_kib = 200;
@@ -121,6 +125,7 @@ impl Options {
                 "--back-to-back" => side_by_side = Some(false),
                 "--memory" => memory = true,
                 "--throttled" => throttled = true,
+                "--versus" => versus = Some(value("--versus")?),
                 "--rate" => rate = value("--rate")?.parse()?,
                 "--throttled-seconds" => {
                     throttled_seconds = value("--throttled-seconds")?.parse()?
@@ -194,7 +199,7 @@ impl Options {
             no_attempt_log,
             trace_pair,
             ordering_pair,
-            side_by_side: side_by_side.unwrap_or(trace_pair || history),
+            side_by_side: side_by_side.unwrap_or(trace_pair || history || versus.is_some()),
             kafka_properties,
             echoes,
             // The mock broker keeps 5 MiB per partition: 600 events of
@@ -204,6 +209,7 @@ impl Options {
             large_payload_bytes,
             memory: memory.then_some(payload_kib.max(1)),
             throttled: throttled.then_some((rate, throttled_seconds)),
+            versus,
             // Ten times the backlog; a quick run skips it unless asked.
             scale_events: scale_events.unwrap_or(if quick { 0 } else { events * 10 }),
             scale_window: scale_window.max(1),

@@ -39,6 +39,8 @@ pub(crate) struct Setup {
     /// With `ordered`: every row in one aggregate (the one-hot-aggregate
     /// case: its events go one at a time).
     pub(crate) hot: bool,
+    /// Run by the build `--versus` names, not this one.
+    pub(crate) versus: bool,
 }
 
 impl Setup {

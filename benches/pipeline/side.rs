@@ -202,14 +202,24 @@ async fn drain(env: &Env, side: &Side, n: usize) -> Result<Drained> {
     } else {
         None
     };
-    let mut sidecar = Sidecar::start(
-        env,
-        &side.url,
-        &side.broker,
-        true,
-        receiver,
-        tracing_toml(side.setup),
-    )?;
+    let mut sidecar = if side.setup.versus {
+        Sidecar::start_versus(
+            env,
+            &side.url,
+            &side.broker,
+            receiver,
+            tracing_toml(side.setup),
+        )?
+    } else {
+        Sidecar::start(
+            env,
+            &side.url,
+            &side.broker,
+            true,
+            receiver,
+            tracing_toml(side.setup),
+        )?
+    };
     let run = async {
         sidecar.wait_ready().await?;
         let ready_at = chrono::Utc::now().timestamp_micros();

@@ -26,6 +26,23 @@ impl Sidecar {
         Sidecar::start_with_env(env, db_url, broker, history, receiver, extra, &[])
     }
 
+    /// [`Sidecar::start`] with another build of the sidecar (`--versus`).
+    pub(crate) fn start_versus(
+        env: &Env,
+        db_url: &str,
+        broker: &Broker,
+        receiver: &Receiver,
+        extra: &str,
+    ) -> Result<Sidecar> {
+        let bin = env
+            .opts
+            .versus
+            .clone()
+            .ok_or_else(|| anyhow!("--versus is not set"))?;
+        let vars = [("BENCH_SIDECAR_BIN".to_owned(), bin)];
+        Sidecar::start_with_env(env, db_url, broker, true, receiver, extra, &vars)
+    }
+
     /// [`Sidecar::start`] with `vars` set in the child's environment
     /// (`OUTBOX__…` settings over the configuration file).
     pub(crate) fn start_with_env(
@@ -63,7 +80,11 @@ impl Sidecar {
         };
         // BENCH_SIDECAR_BIN runs another build of the sidecar (an earlier
         // commit's, to compare side by side); by default the one cargo built.
-        let bin = std::env::var_os("BENCH_SIDECAR_BIN")
+        let bin = vars
+            .iter()
+            .find(|(k, _)| k == "BENCH_SIDECAR_BIN")
+            .map(|(_, v)| std::ffi::OsString::from(v))
+            .or_else(|| std::env::var_os("BENCH_SIDECAR_BIN"))
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_outbox-sidecar").into());
         let child = std::process::Command::new(bin)
             .arg("run")
