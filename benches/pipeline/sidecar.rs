@@ -12,6 +12,8 @@ pub(crate) struct Sidecar {
     pub(crate) http: reqwest::Client,
     pub(crate) _dir: tempfile::TempDir,
     pub(crate) stderr: std::path::PathBuf,
+    /// `perf record` attached to the sidecar (`BENCH_PERF_DATA`).
+    pub(crate) perf: Option<std::process::Child>,
 }
 
 impl Sidecar {
@@ -97,7 +99,34 @@ impl Sidecar {
             .stderr(std::fs::File::create(&stderr)?)
             .spawn()
             .context("starting outbox-sidecar run")?;
+        // BENCH_PERF_DATA=FILE (`make profile`): perf samples the sidecar's
+        // CPU (the software clock, with DWARF call chains) into FILE until
+        // the sidecar stops.
+        let perf = match std::env::var_os("BENCH_PERF_DATA") {
+            Some(out) => Some(
+                std::process::Command::new("perf")
+                    .args([
+                        "record",
+                        "-e",
+                        "cpu-clock",
+                        "-F",
+                        "499",
+                        "--call-graph",
+                        "dwarf",
+                    ])
+                    .arg("-p")
+                    .arg(child.id().to_string())
+                    .arg("-o")
+                    .arg(out)
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .context("starting perf record (BENCH_PERF_DATA)")?,
+            ),
+            None => None,
+        };
         Ok(Sidecar {
+            perf,
             pid: child.id(),
             child,
             admin: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -171,6 +200,14 @@ impl Sidecar {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait()? {
+                if let Some(mut perf) = self.perf.take() {
+                    // SIGINT: perf writes its file and ends (if its target's
+                    // exit has not ended it already).
+                    let _ = std::process::Command::new("kill")
+                        .args(["-INT", &perf.id().to_string()])
+                        .status();
+                    let _ = perf.wait();
+                }
                 if !status.success() {
                     bail!("the sidecar exited with {status}:\n{}", self.stderr_tail());
                 }
