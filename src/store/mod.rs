@@ -133,6 +133,7 @@ fn mysql_refuses_data(number: u16) -> bool {
         1048 // column cannot be null
             | 1054 // unknown column
             | 1062 // duplicate entry
+            | 1136 // column count does not match (a table changed under us)
             | 1142 | 1143 // command or column denied
             | 1146 // table does not exist
             | 1264 // out of range
@@ -141,6 +142,7 @@ fn mysql_refuses_data(number: u16) -> bool {
             | 1366 // incorrect string/integer value
             | 1406 // data too long
             | 1451 | 1452 // foreign key
+            | 1526 // no partition for the value (a log partitioned by day, today's missing)
             | 3819 // check constraint violated (MySQL)
             | 4025 // check constraint failed (MariaDB)
     )

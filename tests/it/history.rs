@@ -913,3 +913,46 @@ async fn mariadb_timestamp_columns_log_their_own_rows() {
 async fn mariadb_datetime_0_columns_log_their_own_rows() {
     whole_second_columns_log_their_own_rows("datetime(0)").await
 }
+
+/// MariaDB/MySQL: the attempt log partitioned by range with no partition
+/// for today's rows (error 1526, the case docs/operations.md names): the
+/// status write is refused with its log rows, so the writer writes it
+/// again without them and the event is `sent`, the refused rows counted.
+/// (Before, 1526 was classed transient: the write was retried for ever.)
+#[tokio::test]
+async fn mariadb_a_log_with_no_partition_for_today_costs_no_delivery() {
+    let db = TestDb::new(Backend::MySql).await;
+    let store = db.store().await;
+    // Every unique key must hold the partitioning column: the log's
+    // primary key is its id.
+    store
+        .connection()
+        .execute_unprepared(
+            "ALTER TABLE outbox_event_attempts PARTITION BY RANGE (id) \
+             (PARTITION before_today VALUES LESS THAN (1))",
+        )
+        .await
+        .unwrap();
+    let refused = prometheus::IntCounter::new("refused", "refused log rows").unwrap();
+    let writer = outbox_sidecar::store::batch::StatusWriter::spawn_counting(
+        store.clone(),
+        Some(refused.clone()),
+    );
+    let row = pending(&store).await;
+    let sent_row = sent(&row);
+    let log = attempt(row.id, 1, Some(201), "ok");
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        writer.mark_sent(&row, &sent_row, Some(&log)),
+    )
+    .await
+    .expect("the status write answers (not retried for ever)")
+    .expect("written without the log");
+    assert!(matches!(out, Sent::Applied { .. }), "{out:?}");
+    assert_eq!(
+        store.get(row.id).await.unwrap().unwrap().status,
+        Status::Sent
+    );
+    assert_eq!(log_rows(&store).await, 0, "the log could not take it");
+    assert_eq!(refused.get(), 1, "the refused log row is counted");
+}
