@@ -366,6 +366,19 @@ async fn sweep_stranded(
     }
 }
 
+/// Whether a replica that handed partition 0 over keeps the table gauges
+/// it last read (`reported_at`) instead of zeros: for two refresh
+/// intervals, by when the next reporter has read them, so the group's
+/// `max` never drops to 0 during a hand-off (which would restart the
+/// `for:` window of `OutboxEventsFailed` and `OutboxOrderingHeld`).
+fn keeps_last_values(
+    reported_at: Option<tokio::time::Instant>,
+    now: tokio::time::Instant,
+    interval: std::time::Duration,
+) -> bool {
+    reported_at.is_some_and(|at| now.saturating_duration_since(at) < interval * 2)
+}
+
 /// Reads the table's counts for the gauges: now, then every `interval`;
 /// first says when the table lacks the index that keeps this cheap. Only
 /// the replica holding partition 0 reads them (counting a backlog of
@@ -400,6 +413,8 @@ async fn refresh_gauges(
     }
     let mut tick = tokio::time::interval(interval);
     let mut reporting = false;
+    // When this replica last read the table's gauges (as the reporter).
+    let mut reported_at: Option<tokio::time::Instant> = None;
     loop {
         // A replica that starts or stops reading the gauges does so at
         // once, not an interval later.
@@ -415,13 +430,16 @@ async fn refresh_gauges(
         reporting = health.table_reporter.load(Ordering::Relaxed);
         if !reporting {
             metrics.table_gauges_reporter.set(0);
-            let none = crate::store::TableStats {
-                estimated_rows: Some(0),
-                ..Default::default()
-            };
-            metrics.set_table_stats(&none, crate::store::now());
-            metrics.ordering_held_aggregates.set(0);
-            metrics.ordering_held_events.set(0);
+            if !keeps_last_values(reported_at, tokio::time::Instant::now(), interval) {
+                reported_at = None;
+                let none = crate::store::TableStats {
+                    estimated_rows: Some(0),
+                    ..Default::default()
+                };
+                metrics.set_table_stats(&none, crate::store::now());
+                metrics.ordering_held_aggregates.set(0);
+                metrics.ordering_held_events.set(0);
+            }
             match store.ping().await {
                 Ok(()) => metrics.database_up.set(1),
                 Err(e) => {
@@ -434,6 +452,7 @@ async fn refresh_gauges(
         metrics.table_gauges_reporter.set(1);
         match store.stats().await {
             Ok(stats) => {
+                reported_at = Some(tokio::time::Instant::now());
                 metrics.set_table_stats(&stats, crate::store::now());
                 metrics.database_up.set(1);
                 match store.held_counts().await {
@@ -450,5 +469,37 @@ async fn refresh_gauges(
                 warn!(error = %e, "cannot refresh the table gauges");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod gauge_tests {
+    use super::keeps_last_values;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    #[test]
+    fn a_replica_that_hands_partition_0_over_keeps_its_gauges_for_two_intervals() {
+        let t0 = Instant::now();
+        let interval = Duration::from_secs(30);
+        // Never the reporter: zeros.
+        assert!(!keeps_last_values(None, t0, interval));
+        // Read just before the hand-off: kept while the next reporter
+        // reads, then zeros.
+        assert!(keeps_last_values(
+            Some(t0),
+            t0 + Duration::from_secs(1),
+            interval
+        ));
+        assert!(keeps_last_values(
+            Some(t0),
+            t0 + Duration::from_secs(59),
+            interval
+        ));
+        assert!(!keeps_last_values(
+            Some(t0),
+            t0 + Duration::from_secs(60),
+            interval
+        ));
     }
 }
