@@ -190,7 +190,7 @@ fn payload_sql(payload_bytes: usize) -> String {
 }
 
 /// Runs one INSERT … SELECT that must insert `n` rows, then ANALYZE.
-async fn insert(store: &Store, sql: &str, n: usize) -> Result<()> {
+pub(crate) async fn insert(store: &Store, sql: &str, n: usize) -> Result<()> {
     let res = store
         .connection()
         .execute_unprepared(sql)

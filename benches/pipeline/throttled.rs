@@ -32,15 +32,7 @@ FROM generate_series(1, {n}) AS g ORDER BY g"#,
         t = store.table(),
         e = EVENT_NAMES[0],
     );
-    let res = store
-        .connection()
-        .execute_unprepared(&sql)
-        .await
-        .context("inserting rows")?;
-    if res.rows_affected() != n as u64 {
-        bail!("inserted {} rows, wanted {n}", res.rows_affected());
-    }
-    Ok(())
+    crate::db::insert(store, &sql, n).await
 }
 
 /// What one side saw.

@@ -996,17 +996,24 @@ fn a_released_aggregate_is_decided_here_event_after_event_with_no_message_of_its
     assert_eq!(h.s.release_pos(99), None, "nothing announced after 99");
 }
 
-#[test]
-fn a_released_batch_goes_one_after_the_other_and_only_its_last_is_followed_by_a_read() {
-    let mut h = Harness::new(8);
-    // 1 was failed, 2, 3 and 4 parked behind it; 1 is resent and sent.
-    let p1 = h.ordered(0, 0, &touched(1, 0), "a");
+/// The failed head 1 of aggregate "a" is resent (an update event at
+/// `offset` of partition 0) and sent: it is announced, and its release may
+/// go on partition 0 at the position returned.
+fn resent_head_sent(h: &mut Harness, offset: i64) -> Pos {
+    let p1 = h.ordered(0, offset, &touched(1, 0), "a");
     let r = h.reads_due();
     h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
     let start = h.starts().remove(0);
     h.s.job_ended_in(1, start.serial, &p1, true, true, h.now);
     assert_eq!(h.s.take_announcements(), vec![1]);
-    let pos = h.s.release_pos(1).expect("partition 0 is ours");
+    h.s.release_pos(1).expect("partition 0 is ours")
+}
+
+#[test]
+fn a_released_batch_goes_one_after_the_other_and_only_its_last_is_followed_by_a_read() {
+    let mut h = Harness::new(8);
+    // 1 was failed, 2, 3 and 4 parked behind it; 1 is resent and sent.
+    let pos = resent_head_sent(&mut h, 0);
     // One release read found 2, 3 and 4: 2 is decided, 3 and 4 wait.
     assert!(h.s.released(1, &[2, 3, 4], pos));
     for id in [2, 3] {
@@ -1038,13 +1045,7 @@ fn a_released_batch_goes_one_after_the_other_and_only_its_last_is_followed_by_a_
 #[test]
 fn a_released_batch_of_a_revoked_partition_leaves_nothing_behind() {
     let mut h = Harness::new(8);
-    let p1 = h.ordered(0, 0, &touched(1, 0), "a");
-    let r = h.reads_due();
-    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
-    let start = h.starts().remove(0);
-    h.s.job_ended_in(1, start.serial, &p1, true, true, h.now);
-    h.s.take_announcements();
-    let pos = h.s.release_pos(1).unwrap();
+    let pos = resent_head_sent(&mut h, 0);
     assert!(h.s.released(1, &[2, 3, 4], pos));
     h.s.revoke(&[0]);
     assert!(h.s.busy_ids().is_empty());
@@ -1069,13 +1070,7 @@ fn a_released_batch_whose_events_were_parked_behind_each_other_is_read_once() {
     h.s.rows_read(r[0].ticket, Ok(vec![in_line(3, Some(2))]), h.now);
     assert!(h.s.busy_ids().is_empty(), "both parked");
     // 1 resent and sent: one release read finds 2 and 3.
-    let p1 = h.ordered(0, 2, &touched(1, 0), "a");
-    let r = h.reads_due();
-    h.s.rows_read(r[0].ticket, Ok(vec![in_line(1, None)]), h.now);
-    let start = h.starts().remove(0);
-    h.s.job_ended_in(1, start.serial, &p1, true, true, h.now);
-    assert_eq!(h.s.take_announcements(), vec![1]);
-    let pos = h.s.release_pos(1).unwrap();
+    let pos = resent_head_sent(&mut h, 2);
     assert!(h.s.released(1, &[2, 3], pos));
     let r = h.reads_due();
     h.s.rows_read(r[0].ticket, Ok(vec![in_line(2, None)]), h.now);

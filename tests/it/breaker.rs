@@ -14,20 +14,41 @@ use crate::harness::{eventually, metric, spawn_app_with, Options, Receiver};
 
 const T: Duration = Duration::from_secs(60);
 
+/// Waits for the accounts breaker of the replica at `base` to be open
+/// with at least `parked` events parked.
+async fn breaker_open_with_parked(base: &str, parked: usize) {
+    eventually(
+        "the breaker to open and park the events",
+        T,
+        || async move {
+            let state = metric(
+                base,
+                "outbox_dispatcher_breaker_state{dispatcher=\"accounts\"}",
+            )
+            .await?;
+            let n = metric(base, "outbox_events_parked_total{dispatcher=\"accounts\"}").await?;
+            (state == 1.0 && n >= parked as f64).then_some(())
+        },
+    )
+    .await;
+}
+
+/// A receiver answering 500 until `up`, then 204.
+async fn down_until(up: Arc<AtomicBool>) -> Receiver {
+    Receiver::start(move |_| {
+        if up.load(Ordering::SeqCst) {
+            ResponseTemplate::new(204)
+        } else {
+            ResponseTemplate::new(500)
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_a_breaker_parked_are_announced_again_when_the_replica_stops() {
     let up = Arc::new(AtomicBool::new(false));
-    let receiver = {
-        let up = up.clone();
-        Receiver::start(move |_| {
-            if up.load(Ordering::SeqCst) {
-                ResponseTemplate::new(204)
-            } else {
-                ResponseTemplate::new(500)
-            }
-        })
-        .await
-    };
+    let receiver = down_until(up.clone()).await;
     let opts = Options {
         retry_delay: "200ms",
         // A cool-down far longer than the test: only the stop can announce.
@@ -41,21 +62,7 @@ async fn events_a_breaker_parked_are_announced_again_when_the_replica_stops() {
     for i in 0..10 {
         ids.push(t.insert("accounts.purchase_create", json!({"n": i})).await);
     }
-    let base = t.admin_url("");
-    eventually("the breaker to open and park the events", T, || {
-        let base = base.clone();
-        async move {
-            let state = metric(
-                &base,
-                "outbox_dispatcher_breaker_state{dispatcher=\"accounts\"}",
-            )
-            .await?;
-            let parked =
-                metric(&base, "outbox_events_parked_total{dispatcher=\"accounts\"}").await?;
-            (state == 1.0 && parked >= 8.0).then_some(())
-        }
-    })
-    .await;
+    breaker_open_with_parked(&t.admin_url(""), 8).await;
     // Every change event finished (parked events' messages are committed):
     // nothing the next owner reads would announce them again.
     let group = t.group.clone();
@@ -109,17 +116,7 @@ async fn rows_a_breaker_parked_follow_their_partition_to_the_next_replica() {
     use crate::harness::{prepare_on, wait_ready, Kafka};
 
     let up = Arc::new(AtomicBool::new(false));
-    let receiver = {
-        let up = up.clone();
-        Receiver::start(move |_| {
-            if up.load(Ordering::SeqCst) {
-                ResponseTemplate::new(204)
-            } else {
-                ResponseTemplate::new(500)
-            }
-        })
-        .await
-    };
+    let receiver = down_until(up.clone()).await;
     let opts = Options {
         retry_delay: "200ms",
         partitions: 1,
@@ -147,20 +144,7 @@ async fn rows_a_breaker_parked_follow_their_partition_to_the_next_replica() {
     for i in 0..50 {
         ids.push(t.insert("accounts.purchase_create", json!({"n": i})).await);
     }
-    eventually("the first replica's breaker to park the events", T, || {
-        let base = first.0.base.clone();
-        async move {
-            let state = metric(
-                &base,
-                "outbox_dispatcher_breaker_state{dispatcher=\"accounts\"}",
-            )
-            .await?;
-            let parked =
-                metric(&base, "outbox_events_parked_total{dispatcher=\"accounts\"}").await?;
-            (state == 1.0 && parked >= 48.0).then_some(())
-        }
-    })
-    .await;
+    breaker_open_with_parked(&first.0.base, 48).await;
     t.wait_all_committed(&t.group, T).await;
     for id in &ids {
         assert_eq!(t.row(*id).await.status, Status::Pending, "event {id}");
