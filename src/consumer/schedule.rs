@@ -271,6 +271,9 @@ pub struct Limits {
 pub struct Scheduler {
     limits: Limits,
     metrics: Metrics,
+    /// `outbox_scheduler_waiting{wait="retry"}` and `{wait="rate"}`,
+    /// resolved once (they are set at every turn of the loop).
+    waiting_gauges: [prometheus::IntGauge; 2],
     /// A pending row with attempts waits `retry_delay` from its
     /// `updated_at` before its next attempt.
     retry_delay: Duration,
@@ -319,8 +322,11 @@ impl Jobs {
 
 impl Scheduler {
     pub fn new(limits: Limits, metrics: Metrics, now: Instant) -> Self {
+        let waiting_gauges =
+            ["retry", "rate"].map(|w| metrics.scheduler_waiting.with_label_values(&[w]));
         Scheduler {
             limits,
+            waiting_gauges,
             metrics,
             retry_delay: Duration::ZERO,
             assignment: Assignment::default(),
@@ -769,14 +775,9 @@ impl Scheduler {
             }
         }
         self.metrics.jobs_running.set(self.jobs.running as i64);
-        self.metrics
-            .scheduler_waiting
-            .with_label_values(&["retry"])
-            .set(self.waits.due.len() as i64);
-        self.metrics
-            .scheduler_waiting
-            .with_label_values(&["rate"])
-            .set(self.waits.rate_waiting() as i64);
+        let [retry, rate] = &self.waiting_gauges;
+        retry.set(self.waits.due.len() as i64);
+        rate.set(self.waits.rate_waiting() as i64);
         out
     }
 
