@@ -155,12 +155,11 @@ pub enum JobEnd {
     Retry(Retry),
 }
 
-/// A row to try again: when, and the version of it the job left.
+/// A row to try again: when, and the attempts the job left on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retry {
     pub wait: Duration,
     pub attempts: i32,
-    pub updated_at: chrono::NaiveDateTime,
 }
 
 impl JobEnd {
@@ -168,7 +167,6 @@ impl JobEnd {
         JobEnd::Retry(Retry {
             wait,
             attempts: row.attempts,
-            updated_at: row.updated_at,
         })
     }
 }

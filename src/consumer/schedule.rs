@@ -868,20 +868,9 @@ impl Scheduler {
         attempts: i32,
         now: Instant,
     ) {
-        self.flow.progress_at = now;
-        self.jobs.running = self.jobs.running.saturating_sub(1);
-        let Some(&Work::Running {
-            serial: s,
-            bytes,
-            created,
-        }) = self.work.get(&id)
-        else {
+        let Some(created) = self.job_out(id, serial, now) else {
             return;
         };
-        if s != serial {
-            return;
-        }
-        self.jobs.bytes -= bytes;
         if !self.current(pos) {
             self.free(id);
             return;
@@ -917,26 +906,38 @@ impl Scheduler {
         unblocks: bool,
         now: Instant,
     ) {
-        self.flow.progress_at = now;
-        self.jobs.running = self.jobs.running.saturating_sub(1);
+        let current = self.job_out(id, serial, now);
         if finished {
             self.finish(pos);
         }
-        if let Some(&Work::Running {
-            serial: s, bytes, ..
-        }) = self.work.get(&id)
-        {
-            if s == serial {
-                self.jobs.bytes -= bytes;
-                // A released id whose next was released with it: that one
-                // waits in its line here, nothing to read after this one.
-                let chained = self.ordering.chained.contains(&id);
-                if self.ordering.announce_after.remove(&id) && unblocks && !chained {
-                    self.ordering.announce.push(id);
-                    self.ordering.announce_pos.insert(id, *pos);
-                }
-                self.free(id);
+        if current.is_some() {
+            // A released id whose next was released with it: that one
+            // waits in its line here, nothing to read after this one.
+            let chained = self.ordering.chained.contains(&id);
+            if self.ordering.announce_after.remove(&id) && unblocks && !chained {
+                self.ordering.announce.push(id);
+                self.ordering.announce_pos.insert(id, *pos);
             }
+            self.free(id);
+        }
+    }
+
+    /// A job ended: it no longer counts as running. `Some(created)` when
+    /// `serial` is still the id's running job (its payload bytes freed);
+    /// `None` for a job the id no longer has (a revoke freed it).
+    fn job_out(&mut self, id: i64, serial: u64, now: Instant) -> Option<bool> {
+        self.flow.progress_at = now;
+        self.jobs.running = self.jobs.running.saturating_sub(1);
+        match self.work.get(&id) {
+            Some(&Work::Running {
+                serial: s,
+                bytes,
+                created,
+            }) if s == serial => {
+                self.jobs.bytes -= bytes;
+                Some(created)
+            }
+            _ => None,
         }
     }
 
