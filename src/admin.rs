@@ -8,11 +8,19 @@
 //! needs `Authorization: Bearer <admin.token>`, compared in constant time;
 //! with no token configured those routes answer 403 — disabled, never open.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::Secret;
+use crate::consumer::ConsumerHealth;
+use crate::http::params::Params;
+use crate::http::resend::{check_confirm, resend_filters, ConfirmRefused};
+use crate::http::token::bearer_matches;
+use crate::metrics::Metrics;
+use crate::operator::CONFIRM_ABOVE;
+use crate::store::history::{Caller, Record, Via};
+use crate::store::{ListFilter, RetryRefused, Store};
 use axum::extract::{DefaultBodyLimit, Path, RawQuery, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -21,16 +29,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use entity::{OutboxEventRow, Status};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
-use crate::config::Secret;
-use crate::consumer::ConsumerHealth;
-use crate::metrics::Metrics;
-use crate::operator::CONFIRM_ABOVE;
-use crate::store::history::{Caller, Record, Via};
-use crate::store::{ListFilter, RetryRefused, Store};
+mod dispatchers;
+pub mod openapi;
+mod operations;
+use serde_json::json;
 
 /// Admin requests are small; anything larger is refused before parsing.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
@@ -57,6 +60,65 @@ pub struct AdminState {
     /// Each rate-limited dispatcher's limit for the group, as configured
     /// (this replica's share is `outbox_dispatcher_rate_share`).
     pub rates: std::collections::BTreeMap<String, crate::dispatch::rate::Rate>,
+    /// Resume, retrigger and bulk resend run as operations of the sidecar.
+    pub operations: crate::operations::Operations,
+    /// `dispatch.retry_delay` and `dispatch.max_attempts` (`…/why`).
+    pub retry_delay: Duration,
+    pub max_attempts: i32,
+    /// This replica's scheduler and the group's metadata (`…/why`); `None`
+    /// outside a running sidecar.
+    pub scheduler: Option<crate::consumer::Asker>,
+    pub kafka: Option<crate::config::KafkaSettings>,
+}
+
+impl AdminState {
+    /// Why event `id` is not sent yet, answered by this replica.
+    pub async fn why(&self, id: i64) -> Result<Option<crate::why::Why>, crate::store::StoreError> {
+        let breakers = self
+            .holds
+            .as_ref()
+            .map(|h| h.breaker_states().into_iter().collect())
+            .unwrap_or_default();
+        let scheduler = match &self.scheduler {
+            Some(a) => a.ask(id).await,
+            None => None,
+        };
+        // The group's members only when this replica has no work for it.
+        let members = match (
+            &self.kafka,
+            scheduler.as_ref().and_then(|a| a.here.as_ref()),
+        ) {
+            (_, Some(_)) => Ok(Vec::new()),
+            (None, None) => Err("not a running sidecar".to_owned()),
+            (Some(k), None) => {
+                let k = k.clone();
+                tokio::task::spawn_blocking(move || {
+                    crate::consumer::client::group_members(&k, Duration::from_secs(5))
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+            }
+        };
+        let asked = crate::why::Asked {
+            store: &self.store,
+            dispatchers: &self.dispatchers,
+            retry_delay: self.retry_delay,
+            max_attempts: self.max_attempts,
+            replica: Some(crate::why::Replica {
+                name: self.operations.replica(),
+                breakers,
+                lags: self.metrics.consumer_lags(),
+                scheduler,
+                members,
+                next_probes: self
+                    .holds
+                    .as_ref()
+                    .map(|h| h.breaker_next_probes().into_iter().collect())
+                    .unwrap_or_default(),
+            }),
+        };
+        crate::why::why(&asked, id).await
+    }
 }
 
 /// The open routes of `admin.listen`: `/metrics`, `/livez`, `/readyz`.
@@ -75,15 +137,9 @@ pub fn router(state: AdminState) -> Router {
 /// The admin API of `admin.api_listen` (loopback by default): `/admin/*`,
 /// behind the bearer token.
 pub fn api_router(state: AdminState) -> Router {
-    Router::new()
-        .route("/admin/events", get(list_events))
-        .route("/admin/events/retry", post(retry_all))
-        .route("/admin/events/retrigger", post(retrigger))
-        .route("/admin/events/{id}", get(get_event))
-        .route("/admin/events/{id}/retry", post(retry_one))
-        .route("/admin/dispatchers", get(list_dispatchers))
-        .route("/admin/dispatchers/{name}/pause", post(pause_dispatcher))
-        .route("/admin/dispatchers/{name}/resume", post(resume_dispatcher))
+    api_routes()
+        .into_iter()
+        .fold(Router::new(), |r, (path, route)| r.route(path, route))
         .route_layer(middleware::from_fn(refuse_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -93,7 +149,41 @@ pub fn api_router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+/// The admin API's routes: [`api_router`] is made of them, and the
+/// contract's test walks them against [`openapi::document`].
+fn api_routes() -> Vec<(&'static str, axum::routing::MethodRouter<AdminState>)> {
+    vec![
+        ("/admin/events", get(list_events)),
+        ("/admin/events/retry", post(retry_all)),
+        ("/admin/events/retrigger", post(retrigger)),
+        ("/admin/events/replay", post(operations::replay)),
+        ("/admin/events/{id}", get(get_event)),
+        ("/admin/events/{id}/retry", post(retry_one)),
+        ("/admin/events/{id}/why", get(why_event)),
+        ("/admin/dispatchers", get(dispatchers::list_dispatchers)),
+        (
+            "/admin/dispatchers/{name}/pause",
+            post(dispatchers::pause_dispatcher),
+        ),
+        (
+            "/admin/dispatchers/{name}/resume",
+            post(dispatchers::resume_dispatcher),
+        ),
+        ("/admin/operations", get(operations::list_operations)),
+        (
+            "/admin/operations/{id}",
+            get(operations::get_operation).delete(operations::cancel_operation),
+        ),
+        ("/admin/openapi.json", get(openapi::openapi_json)),
+    ]
+}
+
+/// The paths of the admin API's routes, as the router has them.
+pub fn api_paths() -> Vec<&'static str> {
+    api_routes().into_iter().map(|(p, _)| p).collect()
+}
+
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()
 }
 
@@ -148,30 +238,6 @@ async fn require_token(State(state): State<AdminState>, req: Request, next: Next
         return resp;
     }
     next.run(req).await
-}
-
-/// Whether an `Authorization` header value carries `token` with the
-/// `Bearer` scheme, the scheme's case ignored (RFC 7235). The two tokens are
-/// compared as SHA-256 digests, which always have the same length, in
-/// constant time: neither the token's length nor a matching prefix shows in
-/// the time an answer takes.
-fn bearer_matches(authorization: Option<&str>, token: &Secret) -> bool {
-    let presented = authorization
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, credentials)| credentials.trim_start_matches(' '))
-        .unwrap_or("");
-    token_matches(presented, token)
-}
-
-/// Whether `presented` is `token`: compared as SHA-256 digests in constant
-/// time (the bearer header here, the console's sign-in form too). An empty
-/// token never matches.
-pub(crate) fn token_matches(presented: &str, token: &Secret) -> bool {
-    let presented_digest = Sha256::digest(presented.as_bytes());
-    let token_digest = Sha256::digest(token.expose().as_bytes());
-    let same: bool = presented_digest[..].ct_eq(&token_digest[..]).into();
-    same && !presented.is_empty()
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {
@@ -240,10 +306,12 @@ async fn readyz(State(state): State<AdminState>) -> Response {
 }
 
 /// An event as the admin API shows it.
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct EventView {
     pub id: i64,
     pub event_name: String,
+    /// `pending`, `sent` or `failed`.
+    #[schema(value_type = String)]
     pub status: Status,
     pub attempts: i32,
     pub last_error: Option<String>,
@@ -252,6 +320,7 @@ pub struct EventView {
     pub updated_at: chrono::NaiveDateTime,
     /// The payload's JSON as stored, unchanged (not re-serialised).
     #[serde(skip_serializing_if = "Option::is_none", default)]
+    #[schema(value_type = Option<Object>)]
     pub payload: Option<entity::Payload>,
     /// `GET /admin/events/{id}`: the attempt log, oldest first (each
     /// attempt and each resend). Named so as not to clash with R-004's
@@ -286,6 +355,12 @@ fn parse_status(s: Option<&str>) -> Result<Option<Status>, Box<Response>> {
         .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, format!("status: {e}"))))
 }
 
+#[utoipa::path(get, path = "/admin/events", tag = "events",
+    params(("status" = Option<String>, Query, description = "pending, sent or failed"), ("event_name" = Option<String>, Query, description = ""), ("limit" = Option<u64>, Query, description = "rows, default 50"), ("before" = Option<i64>, Query, description = "the next page: ids below this one"), ("held" = Option<bool>, Query, description = "only events held behind a failed earlier event of their aggregate ([ordering])")),
+    responses((status = 200, description = "events, newest first; a full page links the next (Link: rel=next)", body = [EventView]),
+        (status = 400, description = "a parameter the route does not take, given twice, empty or malformed: nothing done", body = crate::admin::openapi::ErrorBody),
+        (status = 401, description = "no or wrong bearer token", body = crate::admin::openapi::ErrorBody),
+        (status = 503, description = "the database does not answer", body = crate::admin::openapi::ErrorBody),))]
 async fn list_events(State(state): State<AdminState>, RawQuery(raw): RawQuery) -> Response {
     let parsed = Params::query(raw.as_deref(), LIST_PARAMS).and_then(|p| {
         Ok((
@@ -355,6 +430,13 @@ async fn list_events(State(state): State<AdminState>, RawQuery(raw): RawQuery) -
     }
 }
 
+#[utoipa::path(get, path = "/admin/events/{id}", tag = "events",
+    params(("id" = i64, Path, description = "the event's id")),
+    responses((status = 200, description = "the event with its payload and its attempt log (history)", body = EventView),
+        (status = 404, description = "no such event", body = crate::admin::openapi::ErrorBody),
+        (status = 400, description = "a parameter the route does not take, given twice, empty or malformed: nothing done", body = crate::admin::openapi::ErrorBody),
+        (status = 401, description = "no or wrong bearer token", body = crate::admin::openapi::ErrorBody),
+        (status = 503, description = "the database does not answer", body = crate::admin::openapi::ErrorBody),))]
 async fn get_event(
     State(state): State<AdminState>,
     Path(id): Path<i64>,
@@ -384,6 +466,37 @@ fn label(raw: Option<&str>) -> Result<Option<String>, String> {
     Params::query(raw, &["label"])?.text("label")
 }
 
+/// `GET /admin/events/{id}/why`: why the event is not sent yet.
+#[utoipa::path(get, path = "/admin/events/{id}/why", tag = "events",
+    params(("id" = i64, Path, description = "the event's id")),
+    responses((status = 200, description = "why the event is not sent yet", body = crate::why::Why),
+        (status = 404, description = "no such event", body = crate::admin::openapi::ErrorBody),
+        (status = 400, description = "a parameter the route does not take, given twice, empty or malformed: nothing done", body = crate::admin::openapi::ErrorBody),
+        (status = 401, description = "no or wrong bearer token", body = crate::admin::openapi::ErrorBody),
+        (status = 503, description = "the database does not answer", body = crate::admin::openapi::ErrorBody),))]
+async fn why_event(
+    State(state): State<AdminState>,
+    Path(id): Path<i64>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    if let Err(e) = Params::query(raw.as_deref(), &[]) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
+    match state.why(id).await {
+        Ok(Some(why)) => Json(why).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("event {id} not found")),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+#[utoipa::path(post, path = "/admin/events/{id}/retry", tag = "events",
+    params(("id" = i64, Path, description = "the event's id"), ("label" = Option<String>, Query, description = "recorded with the resend")),
+    responses((status = 200, description = "resent: the row as the resend wrote it", body = EventView),
+        (status = 409, description = "the event is not failed", body = crate::admin::openapi::StatusConflict),
+        (status = 404, description = "no such event", body = crate::admin::openapi::ErrorBody),
+        (status = 400, description = "a parameter the route does not take, given twice, empty or malformed: nothing done", body = crate::admin::openapi::ErrorBody),
+        (status = 401, description = "no or wrong bearer token", body = crate::admin::openapi::ErrorBody),
+        (status = 503, description = "the database does not answer", body = crate::admin::openapi::ErrorBody),))]
 async fn retry_one(
     State(state): State<AdminState>,
     Path(id): Path<i64>,
@@ -422,49 +535,14 @@ const RETRY_ALL_PARAMS: &[&str] = &[
     "label",
 ];
 
-/// The filters of a bulk resend from request parameters (the API's query
-/// string, the console's form).
-pub(crate) fn resend_filters(p: &Params) -> Result<crate::operator::ResendFilters, String> {
-    Ok(crate::operator::ResendFilters {
-        event_name: p.text("event_name")?,
-        dispatcher: p.text("dispatcher")?,
-        error_contains: p.text("error_contains")?,
-        failed_since: p.text("failed_since")?,
-        failed_until: p.text("failed_until")?,
-    })
-}
-
-/// Why a bulk resend whose filters are right was not done.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum ConfirmRefused {
-    /// More than [`CONFIRM_ABOVE`] rows match and no confirmation was given.
-    Needed { count: u64 },
-    /// The confirmation is not the number of rows that match now.
-    Mismatch { count: u64, confirm: u64 },
-}
-
-impl ConfirmRefused {
-    /// How many rows match now.
-    pub(crate) fn count(&self) -> u64 {
-        match self {
-            Self::Needed { count } | Self::Mismatch { count, .. } => *count,
-        }
-    }
-}
-
-/// Whether a bulk resend of `count` rows (counted just before it) may go
-/// ahead with `confirm`: above [`CONFIRM_ABOVE`] rows only with the count
-/// itself, and a confirmation given must be the count at any size, so a
-/// resend takes what its dry run showed and not a widened filter. (A row
-/// that fails between this count and the resend is resent too.)
-pub(crate) fn check_confirm(count: u64, confirm: Option<u64>) -> Result<(), ConfirmRefused> {
-    match confirm {
-        Some(confirm) if confirm != count => Err(ConfirmRefused::Mismatch { count, confirm }),
-        None if count > CONFIRM_ABOVE => Err(ConfirmRefused::Needed { count }),
-        _ => Ok(()),
-    }
-}
-
+#[utoipa::path(post, path = "/admin/events/retry", tag = "events",
+    params(("status" = Option<String>, Query, description = "only failed"), ("event_name" = Option<String>, Query, description = ""), ("dispatcher" = Option<String>, Query, description = ""), ("error_contains" = Option<String>, Query, description = ""), ("failed_since" = Option<String>, Query, description = "RFC 3339 or YYYY-MM-DD HH:MM, UTC"), ("failed_until" = Option<String>, Query, description = ""), ("dry_run" = Option<bool>, Query, description = "true: count and sample, change nothing"), ("confirm" = Option<u64>, Query, description = "the dry run's count (needed above 1,000)"), ("label" = Option<String>, Query, description = "")),
+    responses((status = 200, description = "dry_run=true: what would be resent", body = crate::admin::openapi::ResendDryRun),
+        (status = 202, description = "the operation that resends them", body = crate::operations::OperationView),
+        (status = 409, description = "above 1,000 rows without the count, or another count", body = crate::admin::openapi::ResendConflict),
+        (status = 400, description = "a parameter the route does not take, given twice, empty or malformed: nothing done", body = crate::admin::openapi::ErrorBody),
+        (status = 401, description = "no or wrong bearer token", body = crate::admin::openapi::ErrorBody),
+        (status = 503, description = "the database does not answer", body = crate::admin::openapi::ErrorBody),))]
 async fn retry_all(State(state): State<AdminState>, RawQuery(raw): RawQuery) -> Response {
     let parsed = Params::query(raw.as_deref(), RETRY_ALL_PARAMS).and_then(|p| {
         crate::operator::check_resend_status(p.text("status")?.as_deref())?;
@@ -513,15 +591,38 @@ async fn retry_all(State(state): State<AdminState>, RawQuery(raw): RawQuery) -> 
             .into_response();
     }
     let caller = Caller::new(Via::AdminApi, label);
-    match crate::operator::resend_failed(&state.store, Some(&state.metrics), &filter, &caller).await
-    {
-        Ok(n) => Json(json!({ "resent": n })).into_response(),
+    let (target, rerun) = filters.words();
+    started(
+        state
+            .operations
+            .resend(Some(state.metrics.clone()), filter, target, rerun, &caller)
+            .await,
+    )
+}
+
+/// 202 with the operation (and where to follow it), or 503.
+pub(crate) fn started(
+    op: Result<crate::operations::OperationView, crate::store::StoreError>,
+) -> Response {
+    match op {
+        Ok(op) => (
+            StatusCode::ACCEPTED,
+            [(header::LOCATION, op.href.clone())],
+            Json(op),
+        )
+            .into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
 
 /// `POST /admin/events/retrigger?ids=1,2` or `?pending_older_than=10m`:
 /// pending rows touched so Debezium announces them again.
+#[utoipa::path(post, path = "/admin/events/retrigger", tag = "events",
+    params(("ids" = Option<String>, Query, description = "comma-separated ids"), ("pending_older_than" = Option<String>, Query, description = "a duration, e.g. 10m"), ("event_name" = Option<String>, Query, description = "")),
+    responses((status = 202, description = "the operation that announces them again", body = crate::operations::OperationView),
+        (status = 400, description = "a parameter the route does not take, given twice, empty or malformed: nothing done", body = crate::admin::openapi::ErrorBody),
+        (status = 401, description = "no or wrong bearer token", body = crate::admin::openapi::ErrorBody),
+        (status = 503, description = "the database does not answer", body = crate::admin::openapi::ErrorBody),))]
 async fn retrigger(State(state): State<AdminState>, RawQuery(raw): RawQuery) -> Response {
     let q =
         Params::query(raw.as_deref(), &["ids", "pending_older_than", "event_name"]).and_then(|p| {
@@ -554,279 +655,6 @@ async fn retrigger(State(state): State<AdminState>, RawQuery(raw): RawQuery) -> 
             Ok(f) => f,
             Err(e) => return error(StatusCode::BAD_REQUEST, e),
         };
-    match state.store.retrigger(&filter).await {
-        Ok(n) => {
-            tracing::info!(count = n, "pending events retriggered by an operator");
-            Json(json!({ "retriggered": n })).into_response()
-        }
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    }
-}
-
-async fn list_dispatchers(State(state): State<AdminState>, RawQuery(raw): RawQuery) -> Response {
-    if let Err(e) = Params::query(raw.as_deref(), &[]) {
-        return error(StatusCode::BAD_REQUEST, e);
-    }
-    let breakers = state
-        .holds
-        .as_ref()
-        .map(|h| h.breaker_states())
-        .unwrap_or_default();
-    match crate::operator::dispatchers(&state.store, &state.dispatchers, &breakers).await {
-        Ok(list) => Json(list).into_response(),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    }
-}
-
-fn dispatcher_answer(
-    result: Result<crate::operator::DispatcherAction, crate::operator::DispatcherError>,
-) -> Response {
-    match result {
-        Ok(action) => {
-            tracing::info!(dispatcher = %action.dispatcher, message = %action.message, "dispatcher changed by an operator");
-            Json(action).into_response()
-        }
-        Err(e @ crate::operator::DispatcherError::Unknown { .. }) => {
-            error(StatusCode::NOT_FOUND, e.to_string())
-        }
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    }
-}
-
-async fn pause_dispatcher(
-    State(state): State<AdminState>,
-    Path(name): Path<String>,
-    RawQuery(raw): RawQuery,
-) -> Response {
-    let label = match label(raw.as_deref()) {
-        Ok(l) => l,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
-    };
-    let caller = Caller::new(Via::AdminApi, label);
-    dispatcher_answer(
-        crate::operator::pause(&state.store, &state.dispatchers, &name, &caller).await,
-    )
-}
-
-async fn resume_dispatcher(
-    State(state): State<AdminState>,
-    Path(name): Path<String>,
-    RawQuery(raw): RawQuery,
-) -> Response {
-    if let Err(e) = Params::query(raw.as_deref(), &[]) {
-        return error(StatusCode::BAD_REQUEST, e);
-    }
-    dispatcher_answer(crate::operator::resume(&state.store, &state.dispatchers, &name).await)
-}
-
-/// How the request parameters are named in errors.
-pub(crate) const QUERY: &str = "query parameter";
-pub(crate) const FORM: &str = "form field";
-
-/// Request parameters (a query string or a urlencoded form) checked against
-/// the names a route takes. A name the route does not take, or a name given
-/// twice, is refused rather than ignored: an ignored filter widens a bulk
-/// action to every row.
-#[derive(Debug)]
-pub(crate) struct Params {
-    noun: &'static str,
-    values: BTreeMap<String, String>,
-    /// Forms send every field, filled in or not: there an empty value is no
-    /// value. In the API's query string an empty value is refused.
-    empty_is_absent: bool,
-}
-
-impl Params {
-    /// `raw` urlencoded; `noun` names the parameters in errors ([`QUERY`],
-    /// [`FORM`]); `allowed` is every name the route takes.
-    pub(crate) fn parse(
-        raw: &[u8],
-        noun: &'static str,
-        allowed: &[&str],
-        empty_is_absent: bool,
-    ) -> Result<Self, String> {
-        let mut values = BTreeMap::new();
-        for (key, value) in url::form_urlencoded::parse(raw) {
-            if !allowed.contains(&key.as_ref()) {
-                return Err(if allowed.is_empty() {
-                    format!("unknown {noun} `{key}`: this route takes none")
-                } else {
-                    format!(
-                        "unknown {noun} `{key}`; expected one of: {}",
-                        allowed.join(", ")
-                    )
-                });
-            }
-            if values
-                .insert(key.clone().into_owned(), value.into_owned())
-                .is_some()
-            {
-                return Err(format!("{noun} `{key}` is given twice; give it once"));
-            }
-        }
-        Ok(Self {
-            noun,
-            values,
-            empty_is_absent,
-        })
-    }
-
-    /// The admin API's query string: an empty value is refused.
-    pub(crate) fn query(raw: Option<&str>, allowed: &[&str]) -> Result<Self, String> {
-        Self::parse(raw.unwrap_or("").as_bytes(), QUERY, allowed, false)
-    }
-
-    /// The value of `key`, if given.
-    pub(crate) fn text(&self, key: &str) -> Result<Option<String>, String> {
-        match self.values.get(key) {
-            None => Ok(None),
-            Some(v) if v.is_empty() && self.empty_is_absent => Ok(None),
-            Some(v) if v.is_empty() => Err(format!(
-                "{} `{key}` is empty: give a value or leave it out",
-                self.noun
-            )),
-            Some(v) => Ok(Some(v.clone())),
-        }
-    }
-
-    /// A boolean: exactly `true` or `false`, anything else refused.
-    pub(crate) fn flag(&self, key: &str) -> Result<Option<bool>, String> {
-        match self.values.get(key).map(String::as_str) {
-            None => Ok(None),
-            Some("") if self.empty_is_absent => Ok(None),
-            Some("true") => Ok(Some(true)),
-            Some("false") => Ok(Some(false)),
-            Some(other) => Err(format!(
-                "{} `{key}`: expected `true` or `false`, not {other:?}",
-                self.noun
-            )),
-        }
-    }
-
-    /// A number; `what` says what it counts, for the error.
-    pub(crate) fn number<T: std::str::FromStr>(
-        &self,
-        key: &str,
-        what: &str,
-    ) -> Result<Option<T>, String> {
-        self.text(key)?
-            .map(|v| {
-                v.parse::<T>()
-                    .map_err(|_| format!("{} `{key}`: expected {what}, not {v:?}", self.noun))
-            })
-            .transpose()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
-
-    #[test]
-    fn bearer_scheme_is_case_insensitive() {
-        let token = Secret::new(TOKEN);
-        for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
-            let header = format!("{scheme} {TOKEN}");
-            assert!(bearer_matches(Some(&header), &token), "{header}");
-        }
-        assert!(bearer_matches(Some(&format!("Bearer   {TOKEN}")), &token));
-    }
-
-    #[test]
-    fn anything_but_the_exact_token_is_refused() {
-        let token = Secret::new(TOKEN);
-        let refused = [
-            None,
-            Some(String::new()),
-            Some("Bearer".to_owned()),
-            Some("Bearer ".to_owned()),
-            Some(TOKEN.to_owned()),
-            Some(format!("Basic {TOKEN}")),
-            Some(format!("Bearerx {TOKEN}")),
-            Some(format!("Bearer {}", &TOKEN[..31])),
-            Some(format!("Bearer {TOKEN}0")),
-            Some(format!("Bearer {}", TOKEN.to_uppercase())),
-        ];
-        for header in refused {
-            assert!(!bearer_matches(header.as_deref(), &token), "{header:?}");
-        }
-        // An empty configured token never opens the API.
-        assert!(!bearer_matches(Some("Bearer "), &Secret::new("")));
-    }
-
-    #[test]
-    fn an_unknown_or_repeated_parameter_is_refused_by_name() {
-        let allowed = ["event_name", "dry_run"];
-        let parse = |raw: &str| Params::query(Some(raw), &allowed);
-        assert_eq!(
-            parse("eventname=x").unwrap_err(),
-            "unknown query parameter `eventname`; expected one of: event_name, dry_run"
-        );
-        assert_eq!(
-            parse("dry_run=true&dry_run=false").unwrap_err(),
-            "query parameter `dry_run` is given twice; give it once"
-        );
-        assert_eq!(
-            Params::query(Some("label=x"), &[]).unwrap_err(),
-            "unknown query parameter `label`: this route takes none"
-        );
-        assert!(Params::query(None, &[]).is_ok());
-        assert!(Params::query(Some(""), &[]).is_ok());
-        let p = parse("event_name=a%2Eb").unwrap();
-        assert_eq!(p.text("event_name").unwrap().as_deref(), Some("a.b"));
-        assert_eq!(
-            parse("event_name=")
-                .unwrap()
-                .text("event_name")
-                .unwrap_err(),
-            "query parameter `event_name` is empty: give a value or leave it out"
-        );
-        let form = Params::parse(b"event_name=&csrf=x", FORM, &["event_name", "csrf"], true);
-        assert_eq!(form.unwrap().text("event_name").unwrap(), None);
-    }
-
-    #[test]
-    fn booleans_are_true_or_false_and_nothing_else() {
-        let flag = |raw: &str| Params::query(Some(raw), &["dry_run"])?.flag("dry_run");
-        assert_eq!(flag("dry_run=true"), Ok(Some(true)));
-        assert_eq!(flag("dry_run=false"), Ok(Some(false)));
-        assert_eq!(flag(""), Ok(None));
-        for bad in ["yes", "True", "TRUE", "1", "0", "", "on", "true%20"] {
-            assert_eq!(
-                flag(&format!("dry_run={bad}")).unwrap_err(),
-                format!(
-                    "query parameter `dry_run`: expected `true` or `false`, not {:?}",
-                    bad.replace("%20", " ")
-                ),
-                "{bad}"
-            );
-        }
-        assert!(flag("dry_run").is_err(), "a bare key is an empty value");
-    }
-
-    #[test]
-    fn above_the_threshold_a_resend_needs_the_count() {
-        assert_eq!(check_confirm(0, None), Ok(()));
-        assert_eq!(check_confirm(CONFIRM_ABOVE, None), Ok(()));
-        assert_eq!(check_confirm(CONFIRM_ABOVE, Some(CONFIRM_ABOVE)), Ok(()));
-        assert_eq!(
-            check_confirm(3, Some(4)),
-            Err(ConfirmRefused::Mismatch {
-                count: 3,
-                confirm: 4
-            })
-        );
-        let above = CONFIRM_ABOVE + 1;
-        assert_eq!(
-            check_confirm(above, None),
-            Err(ConfirmRefused::Needed { count: above })
-        );
-        assert_eq!(
-            check_confirm(above, Some(above - 1)).unwrap_err().count(),
-            above
-        );
-        assert_eq!(check_confirm(above, Some(above)), Ok(()));
-    }
+    let caller = Caller::new(Via::AdminApi, None);
+    started(state.operations.retrigger(filter, &caller).await)
 }

@@ -57,10 +57,14 @@ impl App {
     pub async fn start(settings: Settings) -> Result<App, AppError> {
         settings.validate_for_run()?;
         let metrics = Metrics::new();
-        let store = Store::open(&settings).await?;
+        let store = Store::open(&settings)
+            .await?
+            .count_statements(metrics.db_statements_total.clone());
         store.check_table().await?;
         store.check_own_tables().await?;
-        let background = Store::open_background(&settings).await?;
+        let background = Store::open_background(&settings)
+            .await?
+            .count_statements(metrics.db_statements_total.clone());
         let registry = Registry::from_settings(&settings.dispatchers)?;
         metrics.register_dispatchers(settings.dispatchers.keys().map(String::as_str));
         let holds = Arc::new(Holds::new(
@@ -95,8 +99,20 @@ impl App {
             )
             .with_tracer(tracer.clone()),
         );
+        // The group's metadata names each member by its client.id: the
+        // replica's name unless `[kafka.properties]` sets one (`events why`).
+        let mut kafka = settings.kafka.clone();
+        if !kafka
+            .properties
+            .keys()
+            .any(|k| k.replace('_', ".") == "client.id")
+        {
+            kafka
+                .properties
+                .insert("client.id".to_owned(), settings.history.replica_name());
+        }
         let pipeline = Pipeline::new(
-            &settings.kafka,
+            &kafka,
             &settings.database.table,
             ctx,
             &settings.dispatch,
@@ -104,6 +120,8 @@ impl App {
             health.clone(),
         )?;
 
+        let operations =
+            crate::operations::Operations::new(store.clone(), &settings.history.replica_name());
         let admin_state = AdminState {
             store: store.clone(),
             metrics: metrics.clone(),
@@ -119,14 +137,12 @@ impl App {
             stall_limit: settings.max_poll_interval()?,
             dispatchers: settings.dispatcher_events(),
             holds: Some(holds.clone()),
-            rates: settings
-                .dispatchers
-                .iter()
-                .filter_map(|(name, d)| {
-                    let rate = crate::dispatch::rate::Rate::parse(d.rate.as_deref()?, d.burst);
-                    Some((name.clone(), rate.ok()?))
-                })
-                .collect(),
+            rates: settings.dispatcher_rates(),
+            operations: operations.clone(),
+            retry_delay: settings.dispatch.retry_delay,
+            max_attempts: settings.dispatch.max_attempts,
+            scheduler: Some(pipeline.asker()),
+            kafka: Some(kafka.clone()),
         };
         let server_shutdown = CancellationToken::new();
         let limits = ListenerLimits::from_settings(&settings);
@@ -149,19 +165,36 @@ impl App {
             limits,
             server_shutdown.clone(),
         );
+        let backlog = crate::backlog::Backlog::new(&kafka);
         if settings.ordering.enabled() {
             tokio::spawn(sweep_stranded(
                 background.clone(),
                 health.clone(),
-                settings.ordering.stranded_after,
+                Sweep {
+                    stranded_after: settings.ordering.stranded_after,
+                    dispatchers: settings.dispatcher_events(),
+                    holds: holds.clone(),
+                    backlog: backlog.clone(),
+                },
                 shutdown.clone(),
             ));
         }
+        tokio::spawn(carry_on_replays(
+            operations.clone(),
+            health.clone(),
+            shutdown.clone(),
+        ));
         let gauges = tokio::spawn(refresh_gauges(
             background,
             health.clone(),
             metrics.clone(),
             settings.metrics.refresh_interval,
+            Unexplained {
+                after: settings.metrics.pending_unexplained_after,
+                dispatchers: settings.dispatcher_events(),
+                holds: holds.clone(),
+                backlog: backlog.clone(),
+            },
             shutdown.clone(),
         ));
         let pauses = {
@@ -334,18 +367,98 @@ fn serve(
 /// stopped being) the one that reads them.
 const REPORTER_CHECK: Duration = Duration::from_millis(250);
 
+/// What the stranded-event sweep needs besides the store.
+struct Sweep {
+    stranded_after: std::time::Duration,
+    /// Each dispatcher's event names.
+    dispatchers: std::collections::BTreeMap<String, Vec<String>>,
+    /// This replica's breakers.
+    holds: Arc<crate::hold::Holds>,
+    /// What the group has read: a row whose change event may still be in
+    /// the backlog is not stranded.
+    backlog: crate::backlog::Backlog,
+}
+
+impl Sweep {
+    async fn explained(&self, store: &Store) -> Result<Vec<String>, crate::store::StoreError> {
+        explained_event_names(store, &self.dispatchers, &self.holds).await
+    }
+}
+
+/// The event names whose rows wait for a known reason: a paused
+/// dispatcher's (group-wide), or one whose breaker is not closed on this
+/// replica.
+async fn explained_event_names(
+    store: &Store,
+    dispatchers: &std::collections::BTreeMap<String, Vec<String>>,
+    holds: &crate::hold::Holds,
+) -> Result<Vec<String>, crate::store::StoreError> {
+    let paused: Vec<String> = store
+        .pauses()
+        .await?
+        .into_iter()
+        .map(|p| p.dispatcher)
+        .collect();
+    let breakers = holds.breaker_states();
+    Ok(dispatchers
+        .iter()
+        .filter(|(name, _)| {
+            paused.contains(name) || breakers.get(*name).is_some_and(|s| *s != "closed")
+        })
+        .flat_map(|(_, events)| events.iter().cloned())
+        .collect())
+}
+
+/// What the gauges' loop needs to count the pending events nothing
+/// explains (`outbox_pending_unexplained`).
+struct Unexplained {
+    after: std::time::Duration,
+    dispatchers: std::collections::BTreeMap<String, Vec<String>>,
+    holds: Arc<crate::hold::Holds>,
+    backlog: crate::backlog::Backlog,
+}
+
+impl Unexplained {
+    async fn count(&self, store: &Store) -> Result<i64, crate::store::StoreError> {
+        let skip = explained_event_names(store, &self.dispatchers, &self.holds).await?;
+        // A row changed after the group last read everything before may
+        // have its change event in the backlog: the backlog explains it.
+        let Some(cutoff) = quiet_and_read(self.after, self.backlog.read_before().await) else {
+            return Ok(0);
+        };
+        store.count_unexplained(cutoff, &skip, 10_000).await
+    }
+}
+
+/// The rows unchanged for `quiet` whose change events the group has read:
+/// changed `quiet` before the earlier of now and `read_before` (the group
+/// has read every change event on the topic before it; `quiet` also gives
+/// the change feed time to put a row's event on the topic). `None` when
+/// the group has not been caught up since the replica started.
+fn quiet_and_read(
+    quiet: std::time::Duration,
+    read_before: Option<chrono::NaiveDateTime>,
+) -> Option<chrono::NaiveDateTime> {
+    let quiet = chrono::Duration::from_std(quiet).unwrap_or_else(|_| chrono::Duration::zero());
+    read_before.map(|r| r.min(crate::store::now()) - quiet)
+}
+
 /// `[ordering]`: the replica holding partition 0 announces again, every
 /// half `stranded_after`, the pending events nothing earlier of their
 /// aggregate holds that have not changed for `stranded_after`: an event
-/// parked behind one whose announcement after it was lost (the replica
-/// killed between the two) is not stranded.
+/// parked behind one whose announcement was lost (the replica killed
+/// between the two) is not stranded. It walks the table with a cursor, a
+/// window of 1,000 rows a turn, skipping what a pause or an open breaker
+/// explains and what was attempted since it last changed
+/// ([`Store::announce_stranded`]).
 async fn sweep_stranded(
     store: Store,
     health: Arc<ConsumerHealth>,
-    stranded_after: std::time::Duration,
+    sweep: Sweep,
     shutdown: CancellationToken,
 ) {
-    let every = (stranded_after / 2).max(std::time::Duration::from_millis(500));
+    let every = (sweep.stranded_after / 2).max(std::time::Duration::from_millis(500));
+    let mut after = 0;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -354,14 +467,68 @@ async fn sweep_stranded(
         if !health.table_reporter.load(Ordering::Relaxed) {
             continue;
         }
-        match store.announce_stranded(stranded_after, 1_000).await {
-            Ok(0) => {}
-            Ok(n) => info!(
-                events = n,
-                "announced again pending events nothing earlier of their aggregate holds \
-                 (unchanged for ordering.stranded_after)"
-            ),
+        let turn = async {
+            let read_before = sweep.backlog.read_before().await;
+            let Some(cutoff) = quiet_and_read(sweep.stranded_after, read_before) else {
+                return Ok(crate::store::ordering::Swept {
+                    touched: 0,
+                    next: after,
+                });
+            };
+            let explained = sweep.explained(&store).await?;
+            store
+                .announce_unchanged_since(cutoff, 1_000, after, &explained)
+                .await
+        };
+        // Bounded, and dropped at the stop: a database that stops
+        // answering mid-statement holds neither this loop nor the shutdown.
+        let result = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = tokio::time::timeout(crate::store::batch::STATEMENT_DEADLINE, turn) => r,
+        };
+        let Ok(result) = result else {
+            warn!("the database did not answer the stranded-event sweep in time; trying again next turn");
+            continue;
+        };
+        match result {
+            Ok(swept) => {
+                after = swept.next;
+                if swept.touched > 0 {
+                    info!(
+                        events = swept.touched,
+                        "announced again pending events nothing earlier of their aggregate holds \
+                         (unchanged for ordering.stranded_after)"
+                    );
+                }
+            }
             Err(e) => warn!(error = %e, "cannot look for stranded ordered events"),
+        }
+    }
+}
+
+/// Replays whose replica ended are carried on from their cursor: this
+/// replica's own at once (it started again under the same name), others'
+/// by the replica holding partition 0 once their heartbeat has stopped
+/// for [`crate::operations::CUT_AFTER`].
+async fn carry_on_replays(
+    operations: crate::operations::Operations,
+    health: Arc<ConsumerHealth>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let others = health.table_reporter.load(Ordering::Relaxed);
+        let turn = operations.carry_on_replays(others);
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = tokio::time::timeout(crate::store::batch::STATEMENT_DEADLINE, turn) => match r {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => warn!(error = %e, "cannot look for replays to carry on"),
+                Err(_) => warn!("the database did not answer the look for replays to carry on in time"),
+            },
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
         }
     }
 }
@@ -389,6 +556,7 @@ async fn refresh_gauges(
     health: Arc<ConsumerHealth>,
     metrics: Metrics,
     interval: std::time::Duration,
+    unexplained: Unexplained,
     shutdown: CancellationToken,
 ) {
     // Without an index on status each refresh reads the whole table:
@@ -439,35 +607,79 @@ async fn refresh_gauges(
                 metrics.set_table_stats(&none, crate::store::now());
                 metrics.ordering_held_aggregates.set(0);
                 metrics.ordering_held_events.set(0);
+                metrics.pending_unexplained.set(0);
             }
-            match store.ping().await {
-                Ok(()) => metrics.database_up.set(1),
-                Err(e) => {
-                    metrics.database_up.set(0);
-                    warn!(error = %e, "cannot reach the database");
+            // A database that stops answering mid-statement (a silent
+            // network path) holds neither this loop nor the shutdown that
+            // waits for it: each turn has a deadline and yields to the stop.
+            let ping = async {
+                match store.ping().await {
+                    Ok(()) => metrics.database_up.set(1),
+                    Err(e) => {
+                        metrics.database_up.set(0);
+                        warn!(error = %e, "cannot reach the database");
+                    }
                 }
+            };
+            if !bounded(&shutdown, &metrics, ping).await {
+                return;
             }
             continue;
         }
         metrics.table_gauges_reporter.set(1);
-        match store.stats().await {
-            Ok(stats) => {
-                reported_at = Some(tokio::time::Instant::now());
-                metrics.set_table_stats(&stats, crate::store::now());
-                metrics.database_up.set(1);
-                match store.held_counts().await {
-                    Ok(Some((aggregates, events))) => {
-                        metrics.ordering_held_aggregates.set(aggregates);
-                        metrics.ordering_held_events.set(events);
+        let read = async {
+            match store.stats().await {
+                Ok(stats) => {
+                    reported_at = Some(tokio::time::Instant::now());
+                    metrics.set_table_stats(&stats, crate::store::now());
+                    metrics.database_up.set(1);
+                    match store.held_counts().await {
+                        Ok(Some((aggregates, events))) => {
+                            metrics.ordering_held_aggregates.set(aggregates);
+                            metrics.ordering_held_events.set(events);
+                        }
+                        Ok(None) => {}
+                        Err(e) => warn!(error = %e, "cannot count the events ordering holds"),
                     }
-                    Ok(None) => {}
-                    Err(e) => warn!(error = %e, "cannot count the events ordering holds"),
+                    match unexplained.count(&store).await {
+                        Ok(n) => metrics.pending_unexplained.set(n),
+                        Err(e) => {
+                            warn!(error = %e, "cannot count the pending events nothing explains")
+                        }
+                    }
+                }
+                Err(e) => {
+                    metrics.database_up.set(0);
+                    warn!(error = %e, "cannot refresh the table gauges");
                 }
             }
-            Err(e) => {
+        };
+        if !bounded(&shutdown, &metrics, read).await {
+            return;
+        }
+    }
+}
+
+/// Runs one turn of a background loop's database work within
+/// [`crate::store::batch::STATEMENT_DEADLINE`]; `false` when the sidecar
+/// is stopping (the turn is dropped). A turn past its deadline counts as
+/// the database being down and is dropped: the next turn reads again.
+async fn bounded(
+    shutdown: &CancellationToken,
+    metrics: &Metrics,
+    turn: impl std::future::Future<Output = ()>,
+) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        r = tokio::time::timeout(crate::store::batch::STATEMENT_DEADLINE, turn) => {
+            if r.is_err() {
                 metrics.database_up.set(0);
-                warn!(error = %e, "cannot refresh the table gauges");
+                warn!(
+                    deadline = ?crate::store::batch::STATEMENT_DEADLINE,
+                    "the database did not answer the table gauges' read in time; reading again at the next refresh"
+                );
             }
+            true
         }
     }
 }

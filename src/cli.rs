@@ -48,10 +48,23 @@ pub enum Command {
     /// List, pause or resume dispatchers (group-wide).
     #[command(subcommand)]
     Dispatchers(DispatchersCommand),
+    /// Show the operations started from the admin API or the console (a
+    /// resume, retrigger or bulk resend): the recent ones, or one by id.
+    Operations(OperationsArgs),
     /// Print the effective configuration, secrets replaced by ***.
     Config,
     /// Play R-004's decision table with everything embedded.
     Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct OperationsArgs {
+    /// One operation (e.g. op-20261207T180000-1a2b3c4d); none: the 20 most recent.
+    pub id: Option<String>,
+    /// With an id: print its progress every second until it ends; exit 1
+    /// when it failed or was cut.
+    #[arg(long, requires = "id")]
+    pub wait: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,8 +120,15 @@ pub enum EventsCommand {
     },
     /// One event: the row, then its attempts and resends (the attempt log).
     Show { id: i64 },
+    /// Send sent events again (the receiver lost them): back to pending in
+    /// id order at --rate, as an operation that can be followed and
+    /// cancelled; requests carry `Outbox-Replay: <operation id>`.
+    Replay(crate::replay_cli::ReplayArgs),
+    /// Why an event is not sent yet: the one reason, its evidence and what
+    /// to do (a replica's GET /admin/events/{id}/why also sees its memory).
+    Why { id: i64 },
     /// Delete attempt-log rows older than history.retention (or
-    /// --older-than), in small batches; never an outbox_events row.
+    /// --older-than); with --sent-older-than, old sent outbox rows too.
     ///
     /// With --sent-older-than: delete the application's `sent` rows sent
     /// longer ago than that, with their attempt-log rows, in batches of
@@ -217,6 +237,9 @@ pub async fn migrate(settings: &Settings) -> i32 {
 }
 
 pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
+    if let EventsCommand::Replay(args) = cmd {
+        return crate::replay_cli::replay(settings, args).await;
+    }
     let store = match open_store(settings).await {
         Ok(s) => s,
         Err(e) => return fail(&e),
@@ -342,6 +365,28 @@ pub async fn events(settings: &Settings, cmd: EventsCommand) -> i32 {
             }
         }
         EventsCommand::Show { id } => show(&store, id).await,
+        EventsCommand::Replay(_) => unreachable!("handled before the store is opened"),
+        EventsCommand::Why { id } => {
+            let dispatchers = settings.dispatcher_events();
+            let asked = crate::why::Asked {
+                store: &store,
+                dispatchers: &dispatchers,
+                retry_delay: settings.dispatch.retry_delay,
+                max_attempts: settings.dispatch.max_attempts,
+                replica: None,
+            };
+            match crate::why::why(&asked, id).await {
+                Ok(Some(why)) => {
+                    print!("{}", why.text());
+                    EXIT_OK
+                }
+                Ok(None) => {
+                    eprintln!("error: event {id} not found");
+                    EXIT_FAILED
+                }
+                Err(e) => fail(&e),
+            }
+        }
         EventsCommand::Prune {
             older_than,
             sent_older_than,
@@ -539,6 +584,16 @@ pub fn render_event(row: &OutboxEventRow, history: &[Record], logged: bool) -> S
                     .map(|l| format!(" ({l})"))
                     .unwrap_or_default()
             ),
+            "replay" => format!(
+                "  {}  replay   via {}{}, operation {} (a sent event sent again)",
+                time(&r.started_at),
+                r.via.as_deref().unwrap_or("?"),
+                r.label
+                    .as_deref()
+                    .map(|l| format!(" ({l})"))
+                    .unwrap_or_default(),
+                r.detail.as_deref().unwrap_or("?"),
+            ),
             _ => format!(
                 "  {}  attempt {} {:<7} {:>5} ms  {}  on {}{}{}",
                 time(&r.started_at),
@@ -628,7 +683,7 @@ pub fn refused_is_not_found(r: &RetryRefused) -> bool {
     matches!(r, RetryRefused::NotFound(_))
 }
 
-fn fail(e: &dyn std::fmt::Display) -> i32 {
+pub(crate) fn fail(e: &dyn std::fmt::Display) -> i32 {
     eprintln!("error: {e}");
     EXIT_FAILED
 }
@@ -750,5 +805,27 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// `operations [ID] [--wait]`.
+pub async fn operations(settings: &Settings, args: OperationsArgs) -> i32 {
+    use crate::operations::{Operations, Printed};
+    let store = match open_store(settings).await {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    let ops = Operations::new(store, &settings.history.replica_name());
+    match ops.print(args.id.as_deref(), args.wait).await {
+        Printed::Ok => EXIT_OK,
+        Printed::Unfinished => EXIT_FAILED,
+        Printed::NotFound => {
+            eprintln!(
+                "error: no operation {:?} (`outbox-sidecar operations` lists the recent ones)",
+                args.id.unwrap_or_default()
+            );
+            EXIT_FAILED
+        }
+        Printed::Error(e) => fail(&e),
     }
 }

@@ -418,6 +418,19 @@ impl Holds {
         }
     }
 
+    /// When each dispatcher's breaker that is not closed probes next (or
+    /// gives its probe up).
+    pub fn breaker_next_probes(&self) -> HashMap<String, Duration> {
+        let now = Instant::now();
+        self.breakers
+            .iter()
+            .filter_map(|(name, b)| {
+                let b = b.lock().unwrap_or_else(|e| e.into_inner());
+                Some((name.clone(), b.next_probe_in(now)?))
+            })
+            .collect()
+    }
+
     /// The breaker state of each dispatcher that has one: `closed`,
     /// `open` or `half-open`.
     pub fn breaker_states(&self) -> HashMap<String, &'static str> {
@@ -644,6 +657,24 @@ impl Breaker {
             State::Closed { .. } => "closed",
             State::Open { .. } => "open",
             State::Probing { .. } => "half-open",
+        }
+    }
+
+    /// When the next probe may go (open), or when the probe out is given
+    /// up (half-open); `None` when closed.
+    pub fn next_probe_in(&self, now: Instant) -> Option<Duration> {
+        match self.state {
+            State::Closed { .. } => None,
+            State::Open { until } => {
+                let after = match self.parked.probe_announced {
+                    Some(at) => until.max(at + self.settings.cool_down),
+                    None => until,
+                };
+                Some(after.saturating_duration_since(now))
+            }
+            State::Probing { since } => {
+                Some((since + self.settings.cool_down).saturating_duration_since(now))
+            }
         }
     }
 }

@@ -274,22 +274,32 @@ async fn attempt(
         }
     }
     let series = ctx.series(&row.event_name);
-    let (error, asked) = match delivery {
+    let (error, asked, permanent) = match delivery {
         Delivery::Delivered { status, .. } => {
             series.success.inc();
             return write_sent(ctx, row, record.as_ref(), attempt, status).await;
         }
         Delivery::Failed {
-            error, retry_after, ..
-        } => (error, retry_after),
-        Delivery::NotSent { error } => (error, None),
+            error,
+            retry_after,
+            permanent,
+            ..
+        } => (error, retry_after, permanent),
+        Delivery::NotSent { error } => (error, None, false),
     };
     series.failure.inc();
+    // The receiver's own verdict (`permanent_statuses`): this attempt is
+    // the last.
+    let max_attempts = if permanent {
+        attempt.min(ctx.max_attempts)
+    } else {
+        ctx.max_attempts
+    };
     let next = transition::after_failure(
         row,
         ctx.store.truncate_error(&error),
         crate::store::now(),
-        ctx.max_attempts,
+        max_attempts,
     );
     let written = write(ctx, WRITES[1], || {
         ctx.status_writer
@@ -297,7 +307,7 @@ async fn attempt(
     })
     .await;
     let next = match written {
-        Err(end) => return end,
+        Err(end) => return given_up(ctx, end, record.as_ref(), "failure").await,
         Ok(Outcome::Applied(next)) => next,
         // Our own write may have committed before its reply was lost.
         Ok(Outcome::Conflict(found)) if transition::is_own_write(&next, &found) => found,
@@ -345,9 +355,28 @@ async fn send(
         traceparent: t.header(span),
         tracestate: t.state.clone(),
     });
+    // A pending row that keeps a `sent_at` was put back by a replay: its
+    // request names the replay (one read of the attempt log, replays only).
+    let replay = if row.status == entity::Status::Pending && row.sent_at.is_some() {
+        match ctx.store.replay_of(row.id).await {
+            Ok(op) => op,
+            Err(e) => {
+                warn!(error = %e, "cannot read which replay put the event back; sent without Outbox-Replay");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let (delivery, timing) = ctx
         .registry
-        .dispatch(row, attempt, ctx.store.payload_is_json(), headers.as_ref())
+        .dispatch(
+            row,
+            attempt,
+            ctx.store.payload_is_json(),
+            headers.as_ref(),
+            replay.as_deref(),
+        )
         .await;
     let (http_status, detail) = match &delivery {
         Delivery::Delivered { status, excerpt } => (Some(*status), excerpt),
@@ -385,6 +414,32 @@ async fn send(
     (delivery, record)
 }
 
+/// A status write that ended without landing: when the database refused
+/// it for good, the attempt is logged alone (best effort), so the attempt
+/// log has it and the ordering sweep leaves the row alone.
+async fn given_up(
+    ctx: &JobContext,
+    end: JobEnd,
+    record: Option<&Attempt>,
+    outcome: &'static str,
+) -> JobEnd {
+    if matches!(end, JobEnd::GaveUp) {
+        if let Some(record) = record {
+            match tokio::time::timeout(
+                crate::store::batch::STATEMENT_DEADLINE,
+                ctx.store.log_given_up_attempt(record, outcome),
+            )
+            .await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "could not log the attempt of a row given up"),
+                Err(_) => warn!("the database did not answer the log of a row given up in time"),
+            }
+        }
+    }
+    end
+}
+
 /// Writes `sent` after a delivered attempt.
 async fn write_sent(
     ctx: &JobContext,
@@ -400,7 +455,7 @@ async fn write_sent(
     })
     .await;
     match written {
-        Err(end) => end,
+        Err(end) => given_up(ctx, end, record, "success").await,
         Ok(Sent::Applied { .. }) => {
             series.to_sent.inc();
             info!(attempt, http_status = status, "pending -> sent");

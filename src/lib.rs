@@ -43,6 +43,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod backlog;
 pub mod cdc;
 pub mod cli;
 pub mod config;
@@ -51,12 +52,17 @@ pub mod consumer;
 pub mod demo;
 pub mod dispatch;
 pub mod hold;
+pub mod http;
 pub mod job;
 pub mod lease;
 pub mod metrics;
+pub mod operations;
 pub mod operator;
+pub mod replay;
+pub mod replay_cli;
 pub mod store;
 pub mod telemetry;
 pub mod trace_context;
 pub mod tracer;
 pub mod transition;
+pub mod why;

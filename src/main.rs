@@ -51,6 +51,7 @@ async fn dispatch(cli: Cli) -> i32 {
         Command::Migrate => cli::migrate(&settings).await,
         Command::Events(cmd) => cli::events(&settings, cmd).await,
         Command::Dispatchers(cmd) => cli::dispatchers(&settings, cmd).await,
+        Command::Operations(args) => cli::operations(&settings, args).await,
         Command::Config => {
             print!("{}", settings.redacted_toml());
             cli::EXIT_OK

@@ -202,6 +202,9 @@ families! {
         "Rebalance callbacks of this member, by rebalance protocol (eager, cooperative) \
          and kind (assign, revoke, lost)", ["protocol", "kind"]
         => [REBALANCE_PROTOCOLS, REBALANCE_KINDS];
+    db_statements_total: IntCounter = "outbox_db_statements_total",
+        "SQL statements this replica sent to the database (reads, status writes, the attempt \
+         log, operator actions; BEGIN and COMMIT not counted)";
     db_write_retries_total: IntCounterVec = "outbox_db_write_retries_total",
         "Status writes retried after a database error", ["to"] => [WRITES];
     cdc_rows_visible_late_total: IntCounter = "outbox_cdc_rows_visible_late_total",
@@ -224,6 +227,10 @@ families! {
     ordering_held_aggregates: IntGauge = "outbox_ordering_held_aggregates",
         "Aggregates with a failed event and later pending ones it holds back ([ordering], \
          on_failed = hold; read by the replica holding partition 0, 0 on the others)";
+    pending_unexplained: IntGauge = "outbox_pending_unexplained",
+        "Pending events unchanged for longer than metrics.pending_unexplained_after that no \
+         pause, breaker or earlier event of their aggregate explains, up to 10,000 (read by the \
+         replica holding partition 0, 0 on the others): ask `events why ID`";
     ordering_held_events: IntGauge = "outbox_ordering_held_events",
         "Pending events held behind a failed earlier event of their aggregate ([ordering], \
          on_failed = hold; read by the replica holding partition 0, 0 on the others)";
@@ -243,6 +250,10 @@ families! {
     trace_context_invalid_total: IntCounter = "outbox_trace_context_invalid_total",
         "Events whose [tracing] column held a value that is not a W3C traceparent: \
          sent in a new trace";
+    oauth2_token_fetches_total: IntCounterVec =
+        "outbox_oauth2_token_fetches_total",
+        "OAuth2 access tokens a dispatcher fetched ([dispatchers.NAME.oauth2]), by outcome: \
+         ok, or failed (the attempt that needed it failed)", ["dispatcher", "outcome"];
     signing_secret_reload_failures_total: IntCounterVec =
         "outbox_signing_secret_reload_failures_total",
         "Reloads of a dispatcher's signing_secret_file that failed (unreadable, or no \

@@ -31,6 +31,26 @@ pub struct ResendFilters {
 }
 
 impl ResendFilters {
+    /// The filters in words (`every failed event, dispatcher accounts`),
+    /// and the CLI command that runs the same resend again.
+    pub fn words(&self) -> (String, String) {
+        let mut target = "every failed event".to_owned();
+        let mut rerun = "outbox-sidecar events retry --all-failed".to_owned();
+        for (flag, value) in [
+            ("event-name", &self.event_name),
+            ("dispatcher", &self.dispatcher),
+            ("error-contains", &self.error_contains),
+            ("failed-since", &self.failed_since),
+            ("failed-until", &self.failed_until),
+        ] {
+            if let Some(v) = value {
+                target.push_str(&format!(", {} {v:?}", flag.replace('-', " ")));
+                rerun.push_str(&format!(" --{flag} {}", shell_word(v)));
+            }
+        }
+        (target, rerun)
+    }
+
     /// The store's filter; `dispatchers` maps each dispatcher to its event
     /// names. The error names the filter that is wrong.
     pub fn to_filter(
@@ -72,7 +92,7 @@ impl ResendFilters {
 /// A dispatcher as operators see it: its event names, whether it is
 /// paused (group-wide) and, where known (the sidecar's own admin API),
 /// this replica's breaker.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct DispatcherView {
     pub name: String,
     pub events: Vec<String>,
@@ -141,7 +161,7 @@ pub async fn dispatchers(
 }
 
 /// What a pause or resume did, in the words every surface shows.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct DispatcherAction {
     pub dispatcher: String,
     pub paused: bool,
@@ -228,6 +248,18 @@ pub async fn resume_with_progress(
     })
 }
 
+/// `v` as one shell word.
+pub fn shell_word(v: &str) -> String {
+    if !v.is_empty()
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:,/@+=".contains(c))
+    {
+        v.to_owned()
+    } else {
+        format!("'{}'", v.replace('\'', "'\\''"))
+    }
+}
+
 /// A time as operators write it: RFC 3339 (`2026-12-01T02:00:00Z`,
 /// `…+01:00`), or without a zone (`2026-12-01 02:00[:00]`, taken as UTC).
 pub fn parse_time(s: &str) -> Result<NaiveDateTime, String> {
@@ -298,6 +330,25 @@ pub async fn resend_failed(
     caller: &Caller,
 ) -> Result<u64, StoreError> {
     let n = store.retry_failed(filter, caller).await?;
+    tracing::info!(count = n, filter = ?filter, via = caller.via.as_str(), label = ?caller.label, "failed events resent by an operator");
+    if let Some(metrics) = metrics {
+        refresh_gauges(store, metrics).await;
+    }
+    Ok(n)
+}
+
+/// [`resend_failed`], `progress` getting the running count after each
+/// committed chunk.
+pub async fn resend_failed_with_progress(
+    store: &Store,
+    metrics: Option<&Metrics>,
+    filter: &FailedFilter,
+    caller: &Caller,
+    progress: &mut (dyn FnMut(u64) + Send),
+) -> Result<u64, StoreError> {
+    let n = store
+        .retry_failed_with_progress(filter, caller, progress)
+        .await?;
     tracing::info!(count = n, filter = ?filter, via = caller.via.as_str(), label = ?caller.label, "failed events resent by an operator");
     if let Some(metrics) = metrics {
         refresh_gauges(store, metrics).await;

@@ -93,6 +93,9 @@ pub(crate) struct ScenarioResult {
     /// Database transactions over the same span, per 1,000 events (how
     /// well statements batch).
     pub(crate) xacts_per_1k: f64,
+    /// SQL statements the sidecar sent over the run, per 1,000 events
+    /// (its own `outbox_db_statements_total`; n/a for a build without it).
+    pub(crate) statements_per_1k: f64,
     /// Connections that ended while the sidecar ran (0 while keep-alive
     /// holds: the sidecar's own stop closes the rest).
     pub(crate) closed_while_running: u64,
@@ -293,6 +296,9 @@ pub(crate) async fn scenario_on(
                     .unwrap_or(f64::NAN)
                 };
                 out.mean_post_ms = series("sum") * 1_000.0 / series("count").max(1.0);
+                out.statements_per_1k = m
+                    .get("outbox_db_statements_total")
+                    .map_or(f64::NAN, |s| s / n as f64 * 1_000.0);
                 let (_, failed) = done?;
                 Ok::<_, anyhow::Error>((ready_at, failed))
             }
@@ -501,6 +507,14 @@ pub(crate) fn add_scenario(
             &name("database transactions / 1,000 events (sidecar and echo queue)"),
             Unit::Ratio,
             o.xacts_per_1k,
+            load,
+        );
+    }
+    if o.statements_per_1k > 0.0 {
+        sheet.add(
+            &name("SQL statements / 1,000 events (the sidecar's, outbox_db_statements_total)"),
+            Unit::Ratio,
+            o.statements_per_1k,
             load,
         );
     }

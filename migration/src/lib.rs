@@ -345,3 +345,113 @@ impl MigrationTrait for CreatePauses {
             .await
     }
 }
+
+/// Operator actions (`dispatch.operations_table`): a row per resume,
+/// retrigger or bulk resend started from the admin API, the console or
+/// the CLI, with its progress, so any replica can say how it went.
+pub struct CreateOperations {
+    table: String,
+}
+
+#[derive(DeriveIden)]
+enum Operation {
+    Id,
+    Kind,
+    Target,
+    State,
+    Progress,
+    Message,
+    Error,
+    Rerun,
+    Replica,
+    Via,
+    Label,
+    StartedAt,
+    UpdatedAt,
+    FinishedAt,
+    Params,
+    Cursor,
+    CancelledAt,
+}
+
+/// Creates the operations `table` when missing.
+pub async fn apply_operations<'c, C>(db: C, table: &str) -> Result<(), DbErr>
+where
+    C: sea_orm_migration::IntoSchemaManagerConnection<'c>,
+{
+    CreateOperations {
+        table: table.to_owned(),
+    }
+    .up(&SchemaManager::new(db))
+    .await
+}
+
+impl MigrationName for CreateOperations {
+    fn name(&self) -> &str {
+        "m20261207_000001_create_outbox_operations"
+    }
+}
+
+#[async_trait::async_trait]
+impl MigrationTrait for CreateOperations {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let backend = manager.get_database_backend();
+        let table = Alias::new(&self.table);
+        manager
+            .create_table(
+                Table::create()
+                    .table(table.clone())
+                    .if_not_exists()
+                    .col(
+                        ColumnDef::new(Operation::Id)
+                            .string_len(64)
+                            .not_null()
+                            .primary_key(),
+                    )
+                    .col(ColumnDef::new(Operation::Kind).string_len(32).not_null())
+                    .col(ColumnDef::new(Operation::Target).text().not_null())
+                    .col(ColumnDef::new(Operation::State).string_len(16).not_null())
+                    .col(ColumnDef::new(Operation::Progress).big_integer().not_null())
+                    .col(ColumnDef::new(Operation::Message).text().null())
+                    .col(ColumnDef::new(Operation::Error).text().null())
+                    .col(ColumnDef::new(Operation::Rerun).text().not_null())
+                    .col(
+                        ColumnDef::new(Operation::Replica)
+                            .string_len(255)
+                            .not_null(),
+                    )
+                    .col(ColumnDef::new(Operation::Via).string_len(32).not_null())
+                    .col(ColumnDef::new(Operation::Label).string_len(255).null())
+                    .col(timestamp_col(backend, Operation::StartedAt).not_null())
+                    .col(timestamp_col(backend, Operation::UpdatedAt).not_null())
+                    .col(timestamp_col(backend, Operation::FinishedAt).null())
+                    // A replay's filters and pace (JSON), how far it got
+                    // (the last id it put back to pending), and when an
+                    // operator asked it to stop.
+                    .col(ColumnDef::new(Operation::Params).text().null())
+                    .col(ColumnDef::new(Operation::Cursor).big_integer().null())
+                    .col(timestamp_col(backend, Operation::CancelledAt).null())
+                    .to_owned(),
+            )
+            .await?;
+        // MySQL has no CREATE INDEX IF NOT EXISTS: looked up first.
+        ensure_index(
+            manager,
+            &self.table,
+            &format!("{}_started_at_idx", self.table),
+            Operation::StartedAt,
+        )
+        .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .drop_table(
+                Table::drop()
+                    .table(Alias::new(&self.table))
+                    .if_exists()
+                    .to_owned(),
+            )
+            .await
+    }
+}

@@ -73,14 +73,24 @@ impl Default for AdminSettings {
 pub struct MetricsSettings {
     #[serde(default = "default_refresh_interval", with = "duration")]
     pub refresh_interval: Duration,
+    /// `outbox_pending_unexplained` counts pending rows unchanged for
+    /// longer than this that no pause, breaker or earlier event of their
+    /// aggregate explains.
+    #[serde(default = "default_pending_unexplained_after", with = "duration")]
+    pub pending_unexplained_after: Duration,
 }
 
 impl Default for MetricsSettings {
     fn default() -> Self {
         Self {
             refresh_interval: default_refresh_interval(),
+            pending_unexplained_after: default_pending_unexplained_after(),
         }
     }
+}
+
+fn default_pending_unexplained_after() -> Duration {
+    Duration::from_secs(300)
 }
 
 fn default_admin_listen() -> String {

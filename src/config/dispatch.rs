@@ -24,6 +24,10 @@ pub struct DispatchSettings {
     /// every replica.
     #[serde(default = "default_pause_table")]
     pub pause_table: String,
+    /// The table of operator actions' progress (created by `migrate`):
+    /// a resume, retrigger or bulk resend, whoever started it.
+    #[serde(default = "default_operations_table")]
+    pub operations_table: String,
     /// How often each replica reads the paused dispatchers.
     #[serde(default = "default_pause_refresh", with = "duration")]
     pub pause_refresh: Duration,
@@ -42,6 +46,7 @@ impl Default for DispatchSettings {
             max_in_flight: default_max_in_flight(),
             max_buffered_bytes: default_max_buffered_bytes(),
             pause_table: default_pause_table(),
+            operations_table: default_operations_table(),
             pause_refresh: default_pause_refresh(),
             row_visibility_timeout: default_row_visibility_timeout(),
         }
@@ -62,6 +67,9 @@ fn default_max_buffered_bytes() -> usize {
 }
 fn default_pause_table() -> String {
     "outbox_dispatcher_pauses".to_owned()
+}
+fn default_operations_table() -> String {
+    "outbox_operations".to_owned()
 }
 fn default_pause_refresh() -> Duration {
     Duration::from_secs(1)

@@ -12,6 +12,27 @@ use serde::{Deserialize, Serialize};
 
 use super::{duration, files, secret, ConfigError, Secret, ENV_PREFIX};
 
+/// `[dispatchers.NAME.oauth2]`: the receiver wants an OAuth2 access token
+/// (client credentials grant: Doorkeeper, Keycloak, Auth0). The token is
+/// fetched once for the dispatcher on this replica, shared by its
+/// requests, refreshed at 80 % of its `expires_in`, and fetched again at
+/// most once per 401.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuth2Settings {
+    /// The token endpoint (`https://auth.example/oauth/token`).
+    pub token_url: String,
+    pub client_id: String,
+    /// A file holding the client secret (a mounted Secret), read again
+    /// when it changes.
+    pub client_secret_file: PathBuf,
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// Auth0's `audience`.
+    #[serde(default)]
+    pub audience: Option<String>,
+}
+
 /// `[dispatchers.NAME.breaker]`: after `failures` failures in a row
 /// (within `within` of each other) the dispatcher holds its events for
 /// `cool_down`, then lets one through as a probe.
@@ -62,12 +83,26 @@ pub struct DispatcherSettings {
     /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `client_cert_file`.
     #[serde(default)]
     pub client_key_file: Option<PathBuf>,
+    /// An egress proxy for this dispatcher's requests (`http://host:port`;
+    /// an HTTPS receiver is reached through CONNECT, its TLS end to end
+    /// with `ca_file`); hosts in `NO_PROXY` go direct. Unset: the
+    /// environment's `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY`, as for
+    /// every dispatcher (never for the database or Kafka).
+    #[serde(default)]
+    pub proxy: Option<String>,
+    /// A file holding the proxy's `user:password` (a mounted Secret),
+    /// sent as its Basic credentials.
+    #[serde(default)]
+    pub proxy_credentials_file: Option<PathBuf>,
     /// `"1.2"` or `"1.3"`; unset: 1.2 (rustls speaks nothing older).
     #[serde(default)]
     pub min_tls_version: Option<TlsVersion>,
     /// Off unless set (R-004: any failure counts).
     #[serde(default)]
     pub breaker: Option<BreakerSettings>,
+    /// OAuth2 client credentials for the receiver; off unless set.
+    #[serde(default)]
+    pub oauth2: Option<OAuth2Settings>,
     /// On a 429 or 503 with `Retry-After`, the next attempt waits the
     /// longer of `retry_delay` and what the receiver asked (the attempt
     /// still counts); off: `retry_delay` whatever the receiver said.
@@ -76,6 +111,13 @@ pub struct DispatcherSettings {
     /// The longest `Retry-After` honoured.
     #[serde(default = "default_max_retry_after", with = "duration")]
     pub max_retry_after: Duration,
+    /// The receiver's own verdict, opt-in: an answer with one of these
+    /// statuses (4xx or 5xx, e.g. `[400, 404, 409, 422]`) ends the event
+    /// `failed` at once, with the attempts made and `last_error`
+    /// "permanent: HTTP 422 …". Empty (the default): R-004, every failure
+    /// counts the same and the event is tried `max_attempts` times.
+    #[serde(default)]
+    pub permanent_statuses: Vec<u16>,
     /// The `Idempotency-Key` header's value: the row's id (`id`, the
     /// default), or `table-prefixed` (`outbox_events:42`) for a receiver
     /// that takes events from several tables. Stable across attempts and
@@ -131,6 +173,12 @@ impl std::fmt::Debug for DispatcherSettings {
             .field("headers", &self.headers)
             .field("header_files", &self.header_files)
             .field("ca_file", &self.ca_file)
+            .field(
+                "proxy",
+                &self.proxy.as_deref().map(crate::config::secret_free_url),
+            )
+            .field("proxy_credentials_file", &self.proxy_credentials_file)
+            .field("oauth2", &self.oauth2)
             .field("client_cert_file", &self.client_cert_file)
             .field("client_key_file", &self.client_key_file)
             .field("min_tls_version", &self.min_tls_version)
@@ -173,6 +221,16 @@ impl DispatcherSettings {
         }
         if let Some(b) = &self.breaker {
             b.validate(|k| key(&format!("breaker.{k}")))?;
+        }
+        if let Some(bad) = self
+            .permanent_statuses
+            .iter()
+            .find(|s| !(400..=599).contains(*s))
+        {
+            return Err(ConfigError::key(
+                key("permanent_statuses"),
+                format!("{bad} is not an HTTP error status; list 4xx or 5xx codes, e.g. [400, 404, 409, 422]"),
+            ));
         }
         Ok(())
     }

@@ -37,7 +37,9 @@ use serde::{Deserialize, Serialize};
 pub use admin::{AdminSettings, MetricsSettings, ADMIN_TOKEN_PLACEHOLDERS, MIN_ADMIN_TOKEN_CHARS};
 pub use database::DatabaseSettings;
 pub use dispatch::DispatchSettings;
-pub use dispatchers::{BreakerSettings, DispatcherSettings, IdempotencyKey, TlsVersion};
+pub use dispatchers::{
+    BreakerSettings, DispatcherSettings, IdempotencyKey, OAuth2Settings, TlsVersion,
+};
 pub use history::HistorySettings;
 pub use kafka::{property_name, KafkaSettings};
 pub use ordering::{OnFailed, OrderingSettings};
@@ -245,6 +247,7 @@ impl Settings {
         for (key, table) in [
             ("history.table", &self.history.table),
             ("dispatch.pause_table", &self.dispatch.pause_table),
+            ("dispatch.operations_table", &self.dispatch.operations_table),
         ] {
             if !database::valid_identifier(table) || table.contains('.') {
                 return Err(ConfigError::key(
@@ -259,15 +262,20 @@ impl Settings {
                 ));
             }
         }
-        if self
-            .history
-            .table
-            .eq_ignore_ascii_case(&self.dispatch.pause_table)
-        {
-            return Err(ConfigError::key(
-                "dispatch.pause_table",
-                "is history.table too; each needs its own name",
-            ));
+        let own = [
+            ("history.table", &self.history.table),
+            ("dispatch.pause_table", &self.dispatch.pause_table),
+            ("dispatch.operations_table", &self.dispatch.operations_table),
+        ];
+        for (i, (_, a)) in own.iter().enumerate() {
+            for (key, b) in &own[i + 1..] {
+                if a.eq_ignore_ascii_case(b) {
+                    return Err(ConfigError::key(
+                        *key,
+                        format!("is {} too; each needs its own name", own[i].0),
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -297,6 +305,17 @@ impl Settings {
         self.dispatchers
             .iter()
             .map(|(name, d)| (name.clone(), d.events.clone()))
+            .collect()
+    }
+
+    /// Each rate-limited dispatcher's limit for the group, as configured.
+    pub fn dispatcher_rates(&self) -> BTreeMap<String, crate::dispatch::rate::Rate> {
+        self.dispatchers
+            .iter()
+            .filter_map(|(name, d)| {
+                let rate = crate::dispatch::rate::Rate::parse(d.rate.as_deref()?, d.burst);
+                Some((name.clone(), rate.ok()?))
+            })
             .collect()
     }
 

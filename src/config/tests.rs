@@ -587,6 +587,33 @@ fn dispatcher_tls_versions_are_read_naming_the_key() {
 }
 
 #[test]
+fn permanent_statuses_are_error_statuses_or_refused_naming_the_key() {
+    let with = |extra: &str| {
+        Settings::from_toml(
+            Some(&format!(
+                "[database]\nurl = \"sqlite::memory:\"\n[dispatchers.accounts]\n\
+                 url = \"https://accounts\"\nevents = [\"a\"]\n{extra}\n"
+            )),
+            BTreeMap::new(),
+        )
+    };
+    assert!(with("").unwrap().dispatchers["accounts"]
+        .permanent_statuses
+        .is_empty());
+    assert_eq!(
+        with("permanent_statuses = [404, 422]").unwrap().dispatchers["accounts"].permanent_statuses,
+        vec![404, 422]
+    );
+    for bad in ["[200]", "[422, 302]", "[600]"] {
+        let e = with(&format!("permanent_statuses = {bad}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dispatchers.accounts.permanent_statuses"), "{e}");
+        assert!(e.contains("is not an HTTP error status"), "{e}");
+    }
+}
+
+#[test]
 fn buffered_bytes_take_sizes_with_units_and_refuse_the_unusable() {
     let with = |v: &str| {
         Settings::from_toml(

@@ -7,6 +7,7 @@ use chrono::NaiveDateTime;
 use entity::{OutboxEventRow, Status};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
+pub use super::chart::chart;
 use super::session::Session;
 use super::EventsQuery;
 use crate::operator::ResendFilters;
@@ -96,11 +97,10 @@ pub enum BulkStage<'a> {
         sample: &'a [OutboxEventRow],
         refused: Option<&'a str>,
     },
-    Done(u64),
     Error(&'a str),
 }
 
-fn layout(title: &str, session: Option<&Session>, body: Markup) -> Markup {
+pub(super) fn layout(title: &str, session: Option<&Session>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -117,6 +117,7 @@ fn layout(title: &str, session: Option<&Session>, body: Markup) -> Markup {
                         a href="/admin/console/" { "Overview" }
                         a href="/admin/console/events" { "Events" }
                         a href="/admin/console/resend" { "Bulk resend" }
+                        a href="/admin/console/replay" { "Replay" }
                         a href="/admin/console/dispatchers" { "Dispatchers" }
                         form method="post" action="/admin/console/signout" {
                             input type="hidden" name="csrf" value=(s.csrf);
@@ -352,6 +353,7 @@ pub fn event(
     attempts: &[AttemptView],
     notice: Option<&str>,
     behind: Option<(i64, Status)>,
+    why: Option<&crate::why::Why>,
 ) -> Markup {
     let payload = row.payload.pretty();
     layout(
@@ -378,6 +380,15 @@ pub fn event(
                 tr { th { "created" } td { (fmt_time(&row.created_at)) } }
                 tr { th { "updated" } td { (fmt_time(&row.updated_at)) } }
                 tr { th { "sent" } td { @match &row.sent_at { Some(t) => (fmt_time(t)), None => "—" } } }
+            }
+            @if let Some(w) = why.filter(|_| row.status == Status::Pending) {
+                section #why {
+                    h2 { "Why it is not sent yet" }
+                    p #why-summary { strong { (w.reason) } ": " (w.summary) }
+                    ul { @for e in &w.evidence { li { (e) } } }
+                    p #why-action { "Do: " (w.action) }
+                    p.muted { "Answered by " (w.answered_by) }
+                }
             }
             @if row.status == Status::Failed {
                 form method="post" action={ "/admin/console/events/" (row.id) "/resend" } {
@@ -430,61 +441,6 @@ pub struct DispatcherRow {
     /// Its rate limit for the group and this replica's share (requests a
     /// second), when it has one.
     pub rate: Option<(crate::dispatch::rate::Rate, f64)>,
-}
-
-/// The chart's width and height in SVG units: 60 bars of 12.
-const CHART_W: usize = 720;
-const CHART_H: usize = 100;
-
-/// Attempts per minute as stacked bars (successes below, failures above),
-/// server-rendered SVG; each bar carries its figures as `data-` attributes
-/// and a tooltip, the totals are written under it.
-pub fn chart(id: &str, c: &Result<Option<Chart>, String>) -> Markup {
-    let c = match c {
-        Err(e) => return html! { p.error { "The attempt log did not answer: " (e) } },
-        Ok(None) => return html! { p.muted { "No chart: the attempt log ([history]) is off." } },
-        Ok(Some(c)) => c,
-    };
-    let peak = c
-        .minutes
-        .iter()
-        .map(|m| m.ok + m.failed)
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let bar = CHART_W / c.minutes.len().max(1);
-    let scale = |n: i64| (n as f64 * CHART_H as f64 / peak as f64).round() as usize;
-    let total = c.total();
-    html! {
-        figure.chart id=(id) {
-            svg xmlns="http://www.w3.org/2000/svg" width=(CHART_W) height=(CHART_H + 16)
-                viewBox={ "0 0 " (CHART_W) " " (CHART_H + 16) } role="img"
-                aria-label="attempts per minute over the last hour" {
-                line x1="0" y1=(CHART_H) x2=(CHART_W) y2=(CHART_H) stroke="#999" {}
-                @for (i, m) in c.minutes.iter().enumerate() {
-                    @let at = c.since + chrono::Duration::minutes(i as i64);
-                    @let (ok_h, failed_h) = (scale(m.ok), scale(m.failed));
-                    g.minute data-minute=(at.format("%H:%M")) data-ok=(m.ok) data-failed=(m.failed) {
-                        title { (at.format("%H:%M")) " UTC: " (m.ok) " succeeded, " (m.failed) " failed" }
-                        @if m.ok > 0 {
-                            rect x=(i * bar) y=(CHART_H - ok_h) width=(bar - 2) height=(ok_h) fill="#2a7" {}
-                        }
-                        @if m.failed > 0 {
-                            rect x=(i * bar) y=(CHART_H - ok_h - failed_h) width=(bar - 2) height=(failed_h) fill="#c33" {}
-                        }
-                    }
-                }
-                text x="0" y=(CHART_H + 13) font-size="11" { (c.since.format("%H:%M")) " UTC" }
-                text x=(CHART_W) y=(CHART_H + 13) font-size="11" text-anchor="end" { "now" }
-                text x="0" y="11" font-size="11" { (peak) " / min" }
-            }
-            figcaption {
-                "Attempts per minute, last hour: "
-                span.chart-ok { (total.ok) } " succeeded, "
-                span.chart-failed { (total.failed) } " failed."
-            }
-        }
-    }
 }
 
 /// The dispatchers page: state, recent failure rate, pause and resume.
@@ -590,10 +546,6 @@ pub fn bulk(
             @match stage {
                 BulkStage::Form => {}
                 BulkStage::Error(e) => { p.error #error { (e) } }
-                BulkStage::Done(n) => {
-                    p.notice #result { (n) " event" @if n != 1 { "s" } " set to pending." }
-                    p { a href="/admin/console/events?status=all" { "See the events" } }
-                }
                 BulkStage::Preview { count, sample, refused } => {
                     @if let Some(why) = refused { p.error #refused { (why) } }
                     p #would-resend { strong { (count) } " failed event" @if count != 1 { "s" } " would be resent." }
@@ -663,6 +615,7 @@ mod tests {
             &[],
             None,
             None,
+            None,
         )
         .into_string();
         assert!(!html.contains("<script>"), "{html}");
@@ -678,18 +631,19 @@ mod tests {
             &[],
             None,
             None,
+            None,
         )
         .into_string();
         assert!(failed.contains(r#"action="/admin/console/events/7/resend""#));
         assert!(failed.contains(r#"name="csrf" value="c5rf""#));
-        let sent = event(&session(), &row(Status::Sent, None), &[], None, None).into_string();
+        let sent = event(&session(), &row(Status::Sent, None), &[], None, None, None).into_string();
         assert!(!sent.contains("/events/7/resend"));
     }
 
     #[test]
     fn the_timeline_shows_attempts_or_says_none_were_recorded() {
         let r = row(Status::Failed, Some("HTTP 503"));
-        let none = event(&session(), &r, &[], None, None).into_string();
+        let none = event(&session(), &r, &[], None, None, None).into_string();
         assert!(none.contains("no attempt recorded"));
         let one = AttemptView {
             attempt: Some(2),
@@ -702,7 +656,7 @@ mod tests {
             via: Some("accounts".into()),
             trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
         };
-        let html = event(&session(), &r, &[one], None, None).into_string();
+        let html = event(&session(), &r, &[one], None, None, None).into_string();
         assert!(!html.contains("no attempt recorded"));
         for text in [
             "503",
@@ -719,12 +673,13 @@ mod tests {
     #[test]
     fn a_held_event_says_what_it_waits_behind_with_a_link() {
         let r = row(Status::Pending, None);
-        let held = event(&session(), &r, &[], None, Some((5, Status::Failed))).into_string();
+        let held = event(&session(), &r, &[], None, Some((5, Status::Failed)), None).into_string();
         assert!(held.contains("held behind event"), "{held}");
         assert!(held.contains(r#"href="/admin/console/events/5""#), "{held}");
-        let waiting = event(&session(), &r, &[], None, Some((6, Status::Pending))).into_string();
+        let waiting =
+            event(&session(), &r, &[], None, Some((6, Status::Pending)), None).into_string();
         assert!(waiting.contains("waiting behind event"), "{waiting}");
-        let free = event(&session(), &r, &[], None, None).into_string();
+        let free = event(&session(), &r, &[], None, None, None).into_string();
         assert!(!free.contains("held-behind"));
     }
 }

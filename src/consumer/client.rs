@@ -506,3 +506,122 @@ mod tests {
         assert!(CONSUMER_ERROR_KINDS.contains(&"offset_reset"));
     }
 }
+
+/// A member of the consumer group, as the group's coordinator knows it:
+/// its `client.id` (the replica's name unless `[kafka.properties]` sets
+/// one), its host, and the partitions of the CDC topic assigned to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub client_id: String,
+    pub host: String,
+    pub partitions: Vec<i32>,
+}
+
+/// The group's members and their partitions of `settings.topic` (blocking:
+/// one DescribeGroups through a client of its own, no join).
+pub fn group_members(settings: &KafkaSettings, timeout: Duration) -> Result<Vec<Member>, String> {
+    let consumer: rdkafka::consumer::BaseConsumer = client_config(settings)
+        .create()
+        .map_err(|e| format!("kafka client: {e}"))?;
+    let list = consumer
+        .fetch_group_list(Some(&settings.group_id), timeout)
+        .map_err(|e| format!("describe group {}: {e}", settings.group_id))?;
+    let mut out = Vec::new();
+    for g in list.groups() {
+        for m in g.members() {
+            let partitions = m
+                .assignment()
+                .map(|a| assigned_partitions(a, &settings.topic))
+                .unwrap_or_default();
+            out.push(Member {
+                client_id: m.client_id().to_owned(),
+                host: m.client_host().trim_start_matches('/').to_owned(),
+                partitions,
+            });
+        }
+    }
+    if !out.is_empty()
+        && out
+            .iter()
+            .all(|m| m.client_id.is_empty() && m.partitions.is_empty())
+    {
+        return Err(format!(
+            "the broker described group {} without its members' names or assignments",
+            settings.group_id
+        ));
+    }
+    out.sort_by(|a, b| a.partitions.cmp(&b.partitions));
+    Ok(out)
+}
+
+/// The partitions of `topic` in a consumer protocol assignment (version
+/// i16; topics: i32 count, each a string (i16 length) and an i32 array of
+/// partitions; user data follows). Anything unreadable reads as none.
+pub fn assigned_partitions(bytes: &[u8], topic: &str) -> Vec<i32> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if b.len() < n {
+            return None;
+        }
+        let (head, tail) = b.split_at(n);
+        *b = tail;
+        Some(head)
+    }
+    fn i16_(b: &mut &[u8]) -> Option<i16> {
+        take(b, 2).map(|h| i16::from_be_bytes([h[0], h[1]]))
+    }
+    fn i32_(b: &mut &[u8]) -> Option<i32> {
+        take(b, 4).map(|h| i32::from_be_bytes([h[0], h[1], h[2], h[3]]))
+    }
+    let mut b = bytes;
+    let mut out = Vec::new();
+    let parse = (|| {
+        i16_(&mut b)?;
+        let topics = i32_(&mut b)?;
+        for _ in 0..topics.max(0) {
+            let len = i16_(&mut b)?.max(0) as usize;
+            let name = take(&mut b, len)?;
+            let n = i32_(&mut b)?;
+            for _ in 0..n.max(0) {
+                let p = i32_(&mut b)?;
+                if name == topic.as_bytes() {
+                    out.push(p);
+                }
+            }
+        }
+        Some(())
+    })();
+    if parse.is_none() {
+        return Vec::new();
+    }
+    out.sort_unstable();
+    out
+}
+
+#[cfg(test)]
+mod assignment_tests {
+    use super::assigned_partitions;
+
+    fn encode(topics: &[(&str, &[i32])]) -> Vec<u8> {
+        let mut b = vec![0, 1];
+        b.extend((topics.len() as i32).to_be_bytes());
+        for (t, ps) in topics {
+            b.extend((t.len() as i16).to_be_bytes());
+            b.extend(t.as_bytes());
+            b.extend((ps.len() as i32).to_be_bytes());
+            for p in *ps {
+                b.extend(p.to_be_bytes());
+            }
+        }
+        b.extend((-1i32).to_be_bytes());
+        b
+    }
+
+    #[test]
+    fn the_topics_partitions_are_read_and_the_others_ignored() {
+        let b = encode(&[("other", &[0, 1]), ("cdc", &[3, 1])]);
+        assert_eq!(assigned_partitions(&b, "cdc"), vec![1, 3]);
+        assert_eq!(assigned_partitions(&b, "none"), Vec::<i32>::new());
+        assert_eq!(assigned_partitions(&b[..9], "cdc"), Vec::<i32>::new());
+        assert_eq!(assigned_partitions(&[], "cdc"), Vec::<i32>::new());
+    }
+}

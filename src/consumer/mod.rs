@@ -53,6 +53,7 @@ use crate::store::{RowRead, Store};
 pub use client::{client_config, ConsumerError};
 use client::{dead_letter, error_kind, GroupEvent, Kafka};
 use group::{Group, Held, Revocation};
+pub use schedule::Here;
 use schedule::{Flow, Limits, Pos, Read, Scheduler, Start, RELEASE_BATCH};
 
 /// How often an idle consumer loop turns (liveness).
@@ -130,6 +131,37 @@ pub struct Pipeline {
     /// `[ordering] on_failed = "hold"`: a failed event does not let its
     /// aggregate's later events go.
     hold_on_failed: bool,
+    /// Questions to the scheduler (`events why`), answered by the loop.
+    asks: mpsc::Sender<Ask>,
+    asks_rx: mpsc::Receiver<Ask>,
+}
+
+/// What this replica's scheduler says of an event.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// What the event waits for here; `None`: nothing here has it.
+    pub here: Option<Here>,
+    /// The partitions this replica holds.
+    pub partitions: Vec<i32>,
+}
+
+type Ask = (i64, tokio::sync::oneshot::Sender<Answer>);
+
+/// Asks the running pipeline's scheduler about an event (`events why`).
+#[derive(Clone)]
+pub struct Asker(mpsc::Sender<Ask>);
+
+impl Asker {
+    /// The scheduler's answer, or `None` when the loop does not answer
+    /// within 2 s (stopped, or wedged: the health checks say which).
+    pub async fn ask(&self, id: i64) -> Option<Answer> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.0.try_send((id, tx)).ok()?;
+        tokio::time::timeout(Duration::from_secs(2), rx)
+            .await
+            .ok()?
+            .ok()
+    }
 }
 
 impl Drop for Pipeline {
@@ -193,6 +225,7 @@ impl Pipeline {
         let (hand_offs, hand_offs_rx) = mpsc::unbounded_channel();
         let dead_letter = client::dead_letter_producer(settings)?;
         let hold_on_failed = ctx.store.ordering().is_some_and(|o| o.hold);
+        let (asks, asks_rx) = mpsc::channel(16);
         Ok(Self {
             consumer,
             events: rx,
@@ -215,7 +248,14 @@ impl Pipeline {
             topic_partitions: AtomicUsize::new(0),
             unkeyed_logged: Mutex::new(None),
             hold_on_failed,
+            asks,
+            asks_rx,
         })
+    }
+
+    /// Asks this pipeline's scheduler, once it runs.
+    pub fn asker(&self) -> Asker {
+        Asker(self.asks.clone())
     }
 
     /// Runs until `shutdown` is cancelled, then drains: running POSTs finish
@@ -242,6 +282,7 @@ impl Pipeline {
         // The group events are read while the stream borrows the consumer.
         let mut events = std::mem::replace(&mut self.events, mpsc::unbounded_channel().1);
         let mut hand_offs = std::mem::replace(&mut self.hand_offs_rx, mpsc::unbounded_channel().1);
+        let mut asks = std::mem::replace(&mut self.asks_rx, mpsc::channel(1).1);
         let consumer = &self.consumer;
         let mut stream = consumer.stream();
         loop {
@@ -271,6 +312,12 @@ impl Pipeline {
                     self.group_event(&mut sched, ev);
                 }
                 Some(h) = hand_offs.recv() => self.give_up(h),
+                Some((id, reply)) = asks.recv() => {
+                    let _ = reply.send(Answer {
+                        here: sched.explain(id, TokioInstant::now()),
+                        partitions: sched.partitions(),
+                    });
+                }
                 Some(done) = replies.done_rx.recv() => {
                     let now = TokioInstant::now();
                     self.job_ended(&mut sched, done, now);

@@ -196,11 +196,40 @@ enum Work {
         serial: u64,
         bytes: usize,
         created: bool,
+        since: Instant,
     },
     /// Waiting for a due time (a retry), id only.
     Due,
     /// Waiting in a rate line for a permit, id only.
     Throttled,
+}
+
+/// What an event waits for in this replica's scheduler
+/// ([`Scheduler::explain`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Here {
+    /// Its row is being read.
+    Reading,
+    /// Its row was read before its change was visible: read again in `in_`.
+    Recheck { in_: Option<Duration> },
+    /// Read and pending: waits for one of the `max_jobs` job slots.
+    Ready { running: usize, max_jobs: usize },
+    /// Its attempt runs, for `for_` so far.
+    Running { for_: Duration },
+    /// Its next attempt is due in `in_` (a retry, or a receiver's
+    /// Retry-After).
+    Due { in_: Option<Duration> },
+    /// Waits for a permit of its dispatcher's rate, `ahead` events before it.
+    Throttled {
+        dispatcher: String,
+        ahead: usize,
+        next_permit_in: Option<Duration>,
+    },
+    /// A later change event for an id whose work is under way.
+    Deferred,
+    /// Waits in its aggregate's line behind event `active`, `ahead` more
+    /// before it.
+    InLine { active: i64, ahead: usize },
 }
 
 /// A job the driver must start.
@@ -749,7 +778,7 @@ impl Scheduler {
             }
             if let Some((row, pos, bytes)) = self.ready.queue.pop_front() {
                 self.ready.bytes -= bytes;
-                self.start(row, pos, bytes, &mut out);
+                self.start(row, pos, bytes, now, &mut out);
             }
         }
         for i in 0..self.waits.lines.len() {
@@ -767,7 +796,7 @@ impl Scheduler {
                         line.next_at = None;
                         if let Some((row, pos, bytes)) = line.rows.pop_front() {
                             self.ready.bytes -= bytes;
-                            self.start(row, pos, bytes, &mut out);
+                            self.start(row, pos, bytes, now, &mut out);
                         }
                     }
                     Err(wait) => line.next_at = Some(now + wait),
@@ -781,7 +810,14 @@ impl Scheduler {
         out
     }
 
-    fn start(&mut self, row: OutboxEventRow, pos: Pos, bytes: usize, out: &mut Vec<Start>) {
+    fn start(
+        &mut self,
+        row: OutboxEventRow,
+        pos: Pos,
+        bytes: usize,
+        now: Instant,
+        out: &mut Vec<Start>,
+    ) {
         if !self.current(&pos) {
             self.free(row.id);
             return;
@@ -797,6 +833,7 @@ impl Scheduler {
                 serial,
                 bytes,
                 created,
+                since: now,
             },
         );
         out.push(Start { row, pos, serial });
@@ -933,6 +970,7 @@ impl Scheduler {
                 serial: s,
                 bytes,
                 created,
+                ..
             }) if s == serial => {
                 self.jobs.bytes -= bytes;
                 Some(created)
@@ -1054,6 +1092,61 @@ impl Scheduler {
         self.deferred.clear();
         self.ordering.clear_waiting();
         self.work.retain(|_, w| matches!(w, Work::Running { .. }));
+    }
+
+    /// What event `id` waits for here, if this scheduler has it (`events
+    /// why`): the one piece of work it has, or its place in a line.
+    pub fn explain(&self, id: i64, now: Instant) -> Option<Here> {
+        let after = |at: Instant| at.saturating_duration_since(now);
+        if let Some(work) = self.work.get(&id) {
+            return Some(match *work {
+                Work::Reading => Here::Reading,
+                Work::Recheck => Here::Recheck {
+                    in_: self.reads.rechecks.get(&id).map(|(at, _)| after(*at)),
+                },
+                Work::Ready | Work::Throttled => {
+                    // Read ahead at a rate line's head (Ready) or waiting
+                    // in it (Throttled).
+                    let line = self.waits.lines.iter().find_map(|l| {
+                        l.rows
+                            .iter()
+                            .map(|r| r.0.id)
+                            .chain(l.ids.iter().map(|w| w.id))
+                            .position(|i| i == id)
+                            .map(|ahead| (l, ahead))
+                    });
+                    match line {
+                        Some((l, ahead)) => Here::Throttled {
+                            dispatcher: l.dispatcher.clone(),
+                            ahead,
+                            next_permit_in: l.next_at.map(after),
+                        },
+                        None => Here::Ready {
+                            running: self.jobs.running,
+                            max_jobs: max_jobs(self.limits.max_in_flight),
+                        },
+                    }
+                }
+                Work::Running { since, .. } => Here::Running {
+                    for_: now.saturating_duration_since(since),
+                },
+                Work::Due => Here::Due {
+                    in_: self.waits.due.at(id).map(after),
+                },
+            });
+        }
+        if self.deferred.contains_key(&id) {
+            return Some(Here::Deferred);
+        }
+        self.ordering.lines.values().find_map(|line| {
+            line.queue
+                .iter()
+                .position(|(i, _, _)| *i == id)
+                .map(|ahead| Here::InLine {
+                    active: line.active,
+                    ahead,
+                })
+        })
     }
 
     /// Ids with work here (for tests and logs).

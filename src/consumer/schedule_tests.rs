@@ -1083,3 +1083,128 @@ fn a_released_batch_whose_events_were_parked_behind_each_other_is_read_once() {
     let r = h.reads_due();
     assert_eq!(r[0].ids, vec![3]);
 }
+
+#[test]
+fn explain_says_what_each_event_waits_for_here() {
+    let mut h = Harness::new(1);
+    // Read: being read until its rows come.
+    let pos = h.message(0, &trig(1, 0, 0));
+    assert_eq!(h.s.explain(1, h.now), Some(Here::Reading));
+    h.answer(vec![pending(1)]);
+    let job = h.starts().remove(0);
+    h.advance(Duration::from_secs(2));
+    assert_eq!(
+        h.s.explain(1, h.now),
+        Some(Here::Running {
+            for_: Duration::from_secs(2)
+        })
+    );
+    // A retry: due in the wait it was given, less the time passed.
+    h.s.job_retry(1, job.serial, &pos, Duration::from_secs(30), 1, h.now);
+    h.advance(Duration::from_secs(10));
+    assert_eq!(
+        h.s.explain(1, h.now),
+        Some(Here::Due {
+            in_: Some(Duration::from_secs(20))
+        })
+    );
+    // Nothing here for an id it never saw.
+    assert_eq!(h.s.explain(99, h.now), None);
+    // A rate line: the place in it, read ahead or not.
+    let mut h = Harness::new(1);
+    for i in 0..40 {
+        h.message(i, &trig(i + 1, 0, 0));
+    }
+    h.read_all(limited);
+    let gate = Permits {
+        left: std::cell::Cell::new(1),
+    };
+    assert_eq!(h.s.take_starts(h.now, &gate).len(), 1);
+    for (id, ahead) in [(2, 0), (40, 38)] {
+        match h.s.explain(id, h.now) {
+            Some(Here::Throttled {
+                dispatcher,
+                ahead: a,
+                ..
+            }) => {
+                assert_eq!((dispatcher.is_empty(), a), (false, ahead), "{id}")
+            }
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn an_event_in_its_aggregates_line_and_a_released_line_at_once_holds_neither() {
+    // 1 was failed and resent; 2 and 3 were parked behind it. 3's own
+    // change event (a replay, a touch) makes it its aggregate's active
+    // event; then 1 is sent and a release read finds 2 and 3.
+    let mut h = Harness::new(8);
+    let pos = resent_head_sent(&mut h, 0);
+    h.ordered(0, 10, &touched(3, 0), "a");
+    assert!(h.s.released(1, &[2, 3], pos));
+    // 3's read (as its aggregate's active event) and 2's (released): 2 is
+    // sent; the released line moves on to 3, which is busy already.
+    for _ in 0..3 {
+        for r in h.reads_due() {
+            let rows = r.ids.iter().map(|id| in_line(*id, None)).collect();
+            h.s.rows_read(r.ticket, Ok(rows), h.now);
+        }
+        // 2 ends while 3's attempt still runs.
+        let mut starts = h.starts();
+        starts.sort_by_key(|s| s.row.id);
+        for start in starts {
+            h.s.job_ended_in(start.row.id, start.serial, &start.pos, true, true, h.now);
+        }
+        h.s.take_announcements();
+    }
+    assert!(
+        h.s.busy_ids().is_empty(),
+        "{:?} {:?}",
+        h.s.busy_ids(),
+        h.s.explain(3, h.now)
+    );
+    // The aggregate's next event is decided, not queued behind 3 for good.
+    h.ordered(0, 11, &touched(4, 0), "a");
+    assert_eq!(
+        h.s.explain(4, h.now),
+        Some(Here::Reading),
+        "4 is read, not left in a line"
+    );
+}
+
+#[test]
+fn an_event_parked_behind_a_released_one_is_announced_when_that_one_ends() {
+    // 2 and 3 are released together (2's next, 3, waits in the released
+    // line); 3's own change event makes it its aggregate's active event
+    // and its read finds 2 still pending: 3 is parked behind 2. 2's end
+    // must announce 3, though 2 was released with its next.
+    let mut h = Harness::new(8);
+    let pos = resent_head_sent(&mut h, 0);
+    h.ordered(0, 10, &touched(3, 0), "a");
+    assert!(h.s.released(1, &[2, 3], pos));
+    let mut two = None;
+    for r in h.reads_due() {
+        let rows = r
+            .ids
+            .iter()
+            .map(|id| {
+                if *id == 3 {
+                    in_line(3, Some(2))
+                } else {
+                    in_line(*id, None)
+                }
+            })
+            .collect();
+        h.s.rows_read(r.ticket, Ok(rows), h.now);
+    }
+    for start in h.starts() {
+        if start.row.id == 2 {
+            two = Some(start);
+        }
+    }
+    let two = two.expect("2 runs");
+    h.s.take_announcements();
+    h.s.job_ended_in(2, two.serial, &two.pos, true, true, h.now);
+    assert_eq!(h.s.take_announcements(), vec![2], "3 is announced after 2");
+}

@@ -5,6 +5,7 @@
 //! a failure with a short readable message for `last_error`; R-004 does not
 //! tell them apart, so neither does this module.
 
+pub mod oauth2;
 pub mod rate;
 pub mod sign;
 pub mod tls;
@@ -49,6 +50,9 @@ pub enum Delivery {
         error: String,
         status: Option<u16>,
         retry_after: Option<Duration>,
+        /// The status is one of the dispatcher's `permanent_statuses`:
+        /// the event ends `failed` at once.
+        permanent: bool,
     },
     /// Not sent: the sidecar refused it before any request (a payload that
     /// is not JSON, no dispatcher registered). A failed attempt, but not
@@ -66,11 +70,15 @@ pub struct Dispatcher {
     secrets: Vec<String>,
     /// `Some(cap)` when `respect_retry_after` is on.
     retry_after_cap: Option<Duration>,
+    /// `permanent_statuses`.
+    permanent: Vec<u16>,
     idempotency_key: crate::config::IdempotencyKey,
     /// Standard Webhooks signatures, when `signing_secret_file` is set.
     signer: Option<sign::Signer>,
     /// This replica's share of the group's `rate`, when set.
     throttle: Option<rate::Throttle>,
+    /// OAuth2 access tokens, when `[dispatchers.NAME.oauth2]` is set.
+    oauth2: Option<oauth2::TokenSource>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -131,6 +139,10 @@ impl Dispatcher {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(settings.timeout);
+        let client = match proxy(settings).map_err(|(key, message)| invalid(key, message))? {
+            Some(p) => client.proxy(p),
+            None => client,
+        };
         let signer = settings
             .signing_secret_file
             .as_deref()
@@ -168,16 +180,24 @@ impl Dispatcher {
                     message: format!("cannot build the HTTP client: {e}"),
                 },
             })?;
+        let oauth2 = settings
+            .oauth2
+            .as_ref()
+            .map(|o| oauth2::TokenSource::new(o, client.clone(), settings.timeout))
+            .transpose()
+            .map_err(|e| invalid("oauth2", e))?;
         Ok(Self {
             name: name.to_owned(),
             url,
             timeout: settings.timeout,
+            oauth2,
             client,
             headers,
             secrets,
             retry_after_cap: settings
                 .respect_retry_after
                 .then_some(settings.max_retry_after),
+            permanent: settings.permanent_statuses.clone(),
             idempotency_key: settings.idempotency_key,
             signer,
             throttle,
@@ -205,6 +225,7 @@ impl Dispatcher {
         payload_is_json: bool,
         table: Option<&str>,
         trace: Option<&TraceHeaders>,
+        replay: Option<&str>,
     ) -> Delivery {
         if !payload_is_json {
             if let Err(e) = row.payload.raw_json() {
@@ -234,18 +255,68 @@ impl Dispatcher {
         }
         insert(&mut headers, "outbox-event-name", &row.event_name);
         insert(&mut headers, "outbox-attempt", &attempt.to_string());
+        // A replay's request (`events replay`): the operation's id. The
+        // event's Idempotency-Key and webhook-id stay its own.
+        if let Some(op) = replay {
+            insert(&mut headers, "outbox-replay", op);
+        }
         if let Some(trace) = trace {
             insert(&mut headers, "traceparent", &trace.traceparent);
             if let Some(state) = &trace.tracestate {
                 insert(&mut headers, "tracestate", state);
             }
         }
-        let request = self
-            .client
-            .post(self.url.clone())
-            .headers(headers)
-            .body(body);
-        match request.send().await {
+        // OAuth2: the shared token; a 401 answered to it fetches a new one
+        // (once) and the request is made again within this attempt.
+        let token = match &self.oauth2 {
+            None => None,
+            Some(source) => match source.token(None).await {
+                Ok(t) => Some(t),
+                Err(error) => {
+                    return Delivery::Failed {
+                        error,
+                        status: None,
+                        retry_after: None,
+                        permanent: false,
+                    }
+                }
+            },
+        };
+        // The body as Bytes: a second request (after a 401) shares it.
+        let body = axum::body::Bytes::from(body);
+        let send = |mut headers: HeaderMap, token: Option<&str>| {
+            if let Some(t) = token {
+                if let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {t}")) {
+                    v.set_sensitive(true);
+                    headers.insert(reqwest::header::AUTHORIZATION, v);
+                }
+            }
+            self.client
+                .post(self.url.clone())
+                .headers(headers)
+                .body(body.clone())
+                .send()
+        };
+        let again = token.as_ref().map(|_| headers.clone());
+        let mut result = send(headers, token.as_deref()).await;
+        if let (Some(source), Some(used), Some(headers), Ok(resp)) =
+            (&self.oauth2, &token, again, &result)
+        {
+            if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
+                match source.token(Some(used)).await {
+                    Ok(fresh) => result = send(headers, Some(&fresh)).await,
+                    Err(error) => {
+                        return Delivery::Failed {
+                            error: format!("HTTP 401, then {error}"),
+                            status: Some(401),
+                            retry_after: None,
+                            permanent: false,
+                        }
+                    }
+                }
+            }
+        }
+        match result {
             Ok(mut resp) => {
                 let status = resp.status();
                 if status.is_success() {
@@ -260,11 +331,15 @@ impl Dispatcher {
                 let asked = self.retry_after(status, resp.headers());
                 let body = read_body(&mut resp, BODY_EXCERPT_BYTES * 4).await;
                 let excerpt = shorten(self.redact(one_line(&body)));
+                let permanent = self.permanent.contains(&status.as_u16());
                 let mut error = if excerpt.is_empty() {
                     format!("HTTP {}", status.as_u16())
                 } else {
                     format!("HTTP {}: {excerpt}", status.as_u16())
                 };
+                if permanent {
+                    error = format!("permanent: {error}");
+                }
                 let retry_after = asked.map(|(sent, wait)| {
                     let due = chrono::Utc::now()
                         + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::zero());
@@ -277,13 +352,15 @@ impl Dispatcher {
                 Delivery::Failed {
                     error,
                     status: Some(status.as_u16()),
-                    retry_after,
+                    retry_after: retry_after.filter(|_| !permanent),
+                    permanent,
                 }
             }
             Err(e) => Delivery::Failed {
                 error: describe_error(&e, self.timeout),
                 status: None,
                 retry_after: None,
+                permanent: false,
             },
         }
     }
@@ -347,6 +424,44 @@ impl Dispatcher {
     }
 }
 
+/// The dispatcher's own `proxy` (with `proxy_credentials_file`), or
+/// `None`: the client keeps reqwest's default, the environment's
+/// `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY`. Errors name the key.
+fn proxy(settings: &DispatcherSettings) -> Result<Option<reqwest::Proxy>, (&'static str, String)> {
+    let Some(url) = settings.proxy.as_deref() else {
+        if settings.proxy_credentials_file.is_some() {
+            return Err(("proxy_credentials_file", "needs proxy to be set".to_owned()));
+        }
+        return Ok(None);
+    };
+    let shown = crate::config::secret_free_url(url);
+    let parsed =
+        reqwest::Url::parse(url).map_err(|e| ("proxy", format!("{shown:?} is not a URL: {e}")))?;
+    if parsed.scheme() != "http" && parsed.scheme() != "https" {
+        return Err((
+            "proxy",
+            format!("scheme {:?} is not http or https", parsed.scheme()),
+        ));
+    }
+    let mut p = reqwest::Proxy::all(parsed)
+        .map_err(|e| ("proxy", format!("{shown:?}: {e}")))?
+        .no_proxy(reqwest::NoProxy::from_env());
+    if let Some(path) = &settings.proxy_credentials_file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            (
+                "proxy_credentials_file",
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
+        let (user, password) = text.trim_end_matches(['\r', '\n']).split_once(':').ok_or((
+            "proxy_credentials_file",
+            format!("{} does not hold user:password", path.display()),
+        ))?;
+        p = p.basic_auth(user, password);
+    }
+    Ok(Some(p))
+}
+
 /// The W3C trace context headers of one attempt (`[tracing]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceHeaders {
@@ -406,7 +521,7 @@ fn shorten(mut text: String) -> String {
 }
 
 /// A short cause without the URL (it could carry credentials).
-fn describe_error(e: &reqwest::Error, timeout: Duration) -> String {
+pub(crate) fn describe_error(e: &reqwest::Error, timeout: Duration) -> String {
     if e.is_timeout() {
         return format!("timeout after {}", humantime::format_duration(timeout));
     }
@@ -454,10 +569,20 @@ impl Registry {
         })
     }
 
-    /// Counts each dispatcher's failed reloads of its signing secrets in
-    /// `metrics`.
+    /// Counts each dispatcher's failed reloads of its signing secrets, and
+    /// its OAuth2 token fetches, in `metrics`.
     pub fn count_signing_failures(&self, metrics: &crate::metrics::Metrics) {
         for d in self.by_event.values() {
+            if let Some(source) = &d.oauth2 {
+                source.count_in(
+                    metrics
+                        .oauth2_token_fetches_total
+                        .with_label_values(&[&d.name, "ok"]),
+                    metrics
+                        .oauth2_token_fetches_total
+                        .with_label_values(&[&d.name, "failed"]),
+                );
+            }
             if let Some(signer) = &d.signer {
                 signer.count_failures_in(
                     metrics
@@ -541,12 +666,20 @@ impl Registry {
         attempt: i32,
         payload_is_json: bool,
         trace: Option<&TraceHeaders>,
+        replay: Option<&str>,
     ) -> (Delivery, Option<Duration>) {
         match self.get(&row.event_name) {
             Some(d) => {
                 let started = Instant::now();
                 let delivery = d
-                    .send(row, attempt, payload_is_json, self.table.as_deref(), trace)
+                    .send(
+                        row,
+                        attempt,
+                        payload_is_json,
+                        self.table.as_deref(),
+                        trace,
+                        replay,
+                    )
                     .await;
                 (delivery, Some(started.elapsed()))
             }
@@ -597,6 +730,28 @@ mod tests {
 
     fn build_error(extra: &str) -> String {
         build_error_with("https://accounts", extra)
+    }
+
+    #[test]
+    fn a_proxy_or_oauth2_that_cannot_be_used_is_refused_naming_the_key() {
+        assert_eq!(
+            build_error("proxy = \"socks9://p:1\""),
+            "invalid configuration: dispatchers.accounts.proxy: scheme \"socks9\" is not http or https"
+        );
+        assert_eq!(
+            build_error("proxy_credentials_file = \"/x\""),
+            "invalid configuration: dispatchers.accounts.proxy_credentials_file: needs proxy to be set"
+        );
+        let e = build_error(
+            "[dispatchers.accounts.oauth2]\ntoken_url = \"https://auth/token\"\nclient_id = \"c\"\n\
+             client_secret_file = \"/nonexistent/secret\"",
+        );
+        assert!(
+            e.starts_with(
+                "invalid configuration: dispatchers.accounts.oauth2: cannot read oauth2.client_secret_file /nonexistent/secret"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -151,7 +151,8 @@ impl Store {
             settings.database.idle_timeout,
         )
         .await?
-        .with_pause_table(&settings.dispatch.pause_table);
+        .with_pause_table(&settings.dispatch.pause_table)
+        .with_operations_table(&settings.dispatch.operations_table);
         let store = if settings.history.enabled {
             store.with_history(&settings.history.table, &settings.history.replica_name())
         } else {
@@ -190,6 +191,7 @@ impl Store {
                 trace_ids: false,
             })),
             pause_table: crate::config::DispatchSettings::default().pause_table,
+            operations_table: crate::config::DispatchSettings::default().operations_table,
             trace: None,
             ordering: None,
         }
@@ -233,6 +235,14 @@ impl Store {
         self
     }
 
+    /// Counts every statement sent through this store (and its clones made
+    /// after) in `counter` (`outbox_db_statements_total`).
+    pub fn count_statements(mut self, counter: prometheus::IntCounter) -> Self {
+        self.db
+            .set_metric_callback(move |_info: &sea_orm::metric::Info<'_>| counter.inc());
+        self
+    }
+
     /// Keeps the paused dispatchers in `table`.
     pub fn with_pause_table(mut self, table: &str) -> Self {
         self.pause_table = table.to_owned();
@@ -246,6 +256,16 @@ impl Store {
 
     pub fn pause_table(&self) -> &str {
         &self.pause_table
+    }
+
+    /// Keeps operator actions' progress in `table`.
+    pub fn with_operations_table(mut self, table: &str) -> Self {
+        self.operations_table = table.to_owned();
+        self
+    }
+
+    pub fn operations_table(&self) -> &str {
+        &self.operations_table
     }
 
     /// Learns from the catalogue the length of `last_error` (no table
@@ -309,9 +329,13 @@ impl Store {
     /// Also the sidecar's own tables: the attempt log (when on) and the
     /// paused dispatchers.
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        let created = self.columns().await?.is_empty();
         migration::apply(&self.db, &self.table)
             .await
             .map_err(db_err("migrating the outbox table"))?;
+        if created {
+            self.add_named_columns().await?;
+        }
         if let Some(h) = &self.history {
             migration::apply_attempt_log(&self.db, &h.table)
                 .await
@@ -319,13 +343,62 @@ impl Store {
         }
         migration::apply_pauses(&self.db, &self.pause_table)
             .await
-            .map_err(db_err("creating the dispatcher pause table"))
+            .map_err(db_err("creating the dispatcher pause table"))?;
+        migration::apply_operations(&self.db, &self.operations_table)
+            .await
+            .map_err(db_err("creating the operations table"))
+    }
+
+    /// On a table `migrate` has just created: the columns the settings
+    /// name (`[ordering] column`, `[tracing] column` and `state_column`),
+    /// nullable text, and the ordering column's `(column, id)` index, so a
+    /// migration Job run with the sidecar's own configuration is enough on
+    /// a first deploy. An application's existing table is never changed:
+    /// `check_table` names what it lacks.
+    async fn add_named_columns(&self) -> Result<(), StoreError> {
+        let t = self.quoted_table();
+        let quote = |c: &str| match self.backend() {
+            DbBackend::MySql => format!("`{}`", c.replace('`', "``")),
+            _ => history::quoted(c),
+        };
+        let mut statements = Vec::new();
+        if let Some(o) = &self.ordering {
+            // MySQL indexes a VARCHAR, not a TEXT, whole.
+            let kind = match self.backend() {
+                DbBackend::MySql => "VARCHAR(255) NULL",
+                _ => "TEXT NULL",
+            };
+            let c = quote(&o.column);
+            statements.push(format!("ALTER TABLE {t} ADD COLUMN {c} {kind}"));
+            let index = quote(&format!("{}_{}_id_idx", self.table, o.column));
+            statements.push(format!("CREATE INDEX {index} ON {t} ({c}, id)"));
+        }
+        if let Some(tc) = &self.trace {
+            for column in std::iter::once(&tc.column).chain(tc.state_column.as_ref()) {
+                let c = quote(column);
+                statements.push(format!("ALTER TABLE {t} ADD COLUMN {c} TEXT NULL"));
+            }
+        }
+        for sql in statements {
+            self.db
+                .execute_unprepared(&sql)
+                .await
+                .map_err(db_err("adding the columns the settings name"))?;
+        }
+        Ok(())
     }
 
     /// Start-up check of the sidecar's own tables: they exist (`migrate`
     /// made them). Run after [`Store::check_table`].
     pub async fn check_own_tables(&self) -> Result<(), TableError> {
-        let mut own = vec![(self.pause_table.clone(), "dispatch.pause_table", "")];
+        let mut own = vec![
+            (self.pause_table.clone(), "dispatch.pause_table", ""),
+            (
+                self.operations_table.clone(),
+                "dispatch.operations_table",
+                "",
+            ),
+        ];
         if let Some(h) = &self.history {
             own.push((
                 h.table.clone(),

@@ -84,7 +84,9 @@ pub struct HistoryTable {
 }
 
 /// One row of the log, as `events show` and `GET /admin/events/{id}` show it.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, FromQueryResult)]
+#[derive(
+    Debug, Clone, PartialEq, Serialize, serde::Deserialize, FromQueryResult, utoipa::ToSchema,
+)]
 pub struct Record {
     pub id: i64,
     pub event_id: i64,
@@ -262,6 +264,36 @@ impl HistoryTable {
         Some(backend.build(&insert))
     }
 
+    /// One multi-row INSERT of replay rows for `ids` (the operation's id
+    /// in `detail`).
+    pub(crate) fn insert_replays(
+        &self,
+        backend: DbBackend,
+        ids: &[i64],
+        at: NaiveDateTime,
+        caller: &Caller,
+        operation: &str,
+    ) -> Option<Statement> {
+        if ids.is_empty() {
+            return None;
+        }
+        let mut insert = Query::insert()
+            .into_table(Alias::new(&self.table))
+            .columns(["event_id", "kind", "started_at", "via", "label", "detail"].map(Alias::new))
+            .to_owned();
+        for id in ids {
+            insert.values_panic([
+                (*id).into(),
+                "replay".into(),
+                at.into(),
+                caller.via.as_str().into(),
+                caller.label.clone().into(),
+                operation.into(),
+            ]);
+        }
+        Some(backend.build(&insert))
+    }
+
     /// One multi-row INSERT of resend rows for `ids`.
     pub(crate) fn insert_resends(
         &self,
@@ -291,6 +323,30 @@ impl HistoryTable {
 }
 
 impl Store {
+    /// Logs `attempt` alone, its row's status write refused for good (the
+    /// job gave the row up): the attempt is on record, and the ordering
+    /// sweep, seeing an attempt newer than the row's last change, does not
+    /// announce the row again. Nothing with the log off.
+    pub async fn log_given_up_attempt(
+        &self,
+        attempt: &Attempt,
+        outcome: &'static str,
+    ) -> Result<(), StoreError> {
+        let Some(h) = self.history_table() else {
+            return Ok(());
+        };
+        let Some(insert) = h.insert_attempts(self.backend(), &[attempt], outcome) else {
+            return Ok(());
+        };
+        self.connection()
+            .execute_raw(insert)
+            .await
+            .map_err(super::db_err(
+                "logging an attempt whose status write was refused",
+            ))?;
+        Ok(())
+    }
+
     /// The attempt log of event `id`, oldest first (empty with the log off).
     pub async fn history(&self, id: i64) -> Result<Vec<Record>, StoreError> {
         let Some(h) = self.history_table() else {

@@ -17,9 +17,11 @@ pub mod batch;
 pub mod chart;
 pub mod connect;
 pub mod history;
+pub mod operations;
 pub mod ordering;
 pub mod pauses;
 pub mod prune;
+pub mod replay;
 pub mod resend;
 pub mod rows;
 pub mod shape;
@@ -34,6 +36,7 @@ use entity::OutboxEventRow;
 use sea_orm::{DatabaseConnection, DbErr};
 
 pub use connect::{install_crypto_provider, payload_type_is_json};
+pub use operations::OperationRow;
 pub use ordering::OrderingColumns;
 pub use pauses::Pause;
 pub use prune::{Pruned, PRUNE_BATCH};
@@ -205,6 +208,7 @@ pub struct Store {
     history: Option<std::sync::Arc<history::HistoryTable>>,
     /// The paused dispatchers (`dispatch.pause_table`).
     pause_table: String,
+    operations_table: String,
     /// The trace context's columns (`[tracing]`), read with each row.
     trace: Option<TraceColumns>,
     /// The aggregate column (`[ordering]`), read with each row for dispatch.

@@ -143,21 +143,17 @@ impl Store {
 
     /// The held figures (`outbox_ordering_held_aggregates`,
     /// `outbox_ordering_held_events`): aggregates with a failed event and
-    /// later pending ones, and those pending events. Read from the failed
-    /// rows (an index on `status`) and each one's aggregate (an index on the
-    /// aggregate column): the cost is set by the failed rows, never the
-    /// history. `None`: ordering off, or `on_failed = "skip"`.
+    /// later pending ones, and those pending events. Read from the pending
+    /// rows (an index on `status`), each with one backward probe of its
+    /// aggregate (an index on the aggregate column and id) to the nearest
+    /// earlier event that is not pending: behind a sent event every earlier
+    /// one is sent, so the event is held when that one is failed. The cost
+    /// is set by the pending rows, never by old failed rows or the history.
+    /// `None`: ordering off, or `on_failed = "skip"`.
     pub async fn held_counts(&self) -> Result<Option<(i64, i64)>, StoreError> {
-        let Some(o) = self.ordering.as_ref().filter(|o| o.hold) else {
+        let Some(sql) = self.held_counts_sql() else {
             return Ok(None);
         };
-        let t = self.quoted_table();
-        let c = self.quote_ident(&o.column);
-        let sql = format!(
-            "SELECT count(DISTINCT p.{c}) AS aggregates, count(DISTINCT p.id) AS events \
-             FROM {t} f JOIN {t} p ON p.{c} = f.{c} AND p.id > f.id AND p.status = 'pending' \
-             WHERE f.status = 'failed'"
-        );
         let err = || db_err("counting held events");
         let row = self
             .connection()
@@ -170,6 +166,19 @@ impl Store {
         let aggregates: i64 = row.try_get("", "aggregates").map_err(err())?;
         let events: i64 = row.try_get("", "events").map_err(err())?;
         Ok(Some((aggregates, events)))
+    }
+
+    /// The statement of [`Store::held_counts`] (its cost is tested).
+    pub fn held_counts_sql(&self) -> Option<String> {
+        let o = self.ordering.as_ref().filter(|o| o.hold)?;
+        let t = self.quoted_table();
+        let c = self.quote_ident(&o.column);
+        Some(format!(
+            "SELECT count(DISTINCT p.{c}) AS aggregates, count(p.id) AS events \
+             FROM {t} p WHERE p.status = 'pending' AND p.{c} IS NOT NULL \
+             AND (SELECT b.status FROM {t} b WHERE b.{c} = p.{c} AND b.id < p.id \
+             AND b.status <> 'pending' ORDER BY b.id DESC LIMIT 1) = 'failed'"
+        ))
     }
 
     /// Announces again (touches) the oldest pending event of `after`'s
@@ -212,39 +221,73 @@ impl Store {
     /// `quiet`: events parked behind one that was sent while the
     /// announcement after it was lost (a crash between the two). An event
     /// announced twice is decided once, so a touch too many costs only a
-    /// read. How many it touched.
+    /// read.
+    ///
+    /// It walks from `after` (a cursor: the sweep goes on past the rows it
+    /// looked at last time instead of starting at the lowest id again, so
+    /// rows something else explains cannot fill its window every time),
+    /// skips the events named in `skip_event_names` (a paused dispatcher's,
+    /// one whose breaker is open: they wait for a reason), and, with the
+    /// attempt log on, every row attempted since it last changed: a row
+    /// whose status write the database refused for good (the job gave it
+    /// up, logging the attempt alone) is never announced again, so it gets
+    /// no POSTs beyond its attempts.
     pub async fn announce_stranded(
         &self,
         quiet: std::time::Duration,
         limit: u64,
-    ) -> Result<u64, StoreError> {
+        after: i64,
+        skip_event_names: &[String],
+    ) -> Result<Swept, StoreError> {
+        let cutoff = super::now()
+            - chrono::Duration::from_std(quiet).unwrap_or_else(|_| chrono::Duration::zero());
+        self.announce_unchanged_since(cutoff, limit, after, skip_event_names)
+            .await
+    }
+
+    /// [`Store::announce_stranded`] of the rows unchanged since `cutoff`
+    /// (the sweep's: `stranded_after` ago, or earlier while the group's
+    /// backlog may still hold later rows' change events).
+    pub async fn announce_unchanged_since(
+        &self,
+        cutoff: chrono::NaiveDateTime,
+        limit: u64,
+        after: i64,
+        skip_event_names: &[String],
+    ) -> Result<Swept, StoreError> {
         let Some(o) = &self.ordering else {
-            return Ok(0);
+            return Ok(Swept::default());
         };
         let t = self.quoted_table();
         let c = self.quote_ident(&o.column);
         let held_by = self.holding_statuses(o);
-        let cutoff = super::now()
-            - chrono::Duration::from_std(quiet).unwrap_or_else(|_| chrono::Duration::zero());
-        let placeholder = if self.backend() == DbBackend::Postgres {
-            "$1"
-        } else {
-            "?"
-        };
-        let sql = format!(
+        let pg = self.backend() == DbBackend::Postgres;
+        let mut values: Vec<sea_orm::Value> = vec![cutoff.into()];
+        let first = if pg { "$1" } else { "?" };
+        let mut sql = format!(
             "SELECT p.id AS id FROM {t} p WHERE p.status = 'pending' AND p.{c} IS NOT NULL \
-             AND p.updated_at < {placeholder} AND NOT EXISTS (SELECT 1 FROM {t} b \
+             AND p.updated_at < {first} AND p.id > {after}"
+        );
+        sql.push_str(&self.event_names_not_in(skip_event_names, &mut values));
+        if let Some(h) = self.history_table() {
+            let log = match self.backend() {
+                DbBackend::MySql => format!("`{}`", h.table.replace('`', "``")),
+                _ => super::history::quoted(&h.table),
+            };
+            sql.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM {log} h WHERE h.event_id = p.id \
+                 AND h.kind = 'attempt' AND h.started_at >= p.updated_at)"
+            ));
+        }
+        sql.push_str(&format!(
+            " AND NOT EXISTS (SELECT 1 FROM {t} b \
              WHERE b.{c} = p.{c} AND b.id < p.id AND b.status IN {held_by}) \
              ORDER BY p.id LIMIT {limit}"
-        );
+        ));
         let err = || db_err("finding parked events to announce again");
         let rows = self
             .connection()
-            .query_all_raw(Statement::from_sql_and_values(
-                self.backend(),
-                sql,
-                [cutoff.into()],
-            ))
+            .query_all_raw(Statement::from_sql_and_values(self.backend(), sql, values))
             .await
             .map_err(err())?;
         let ids = rows
@@ -252,10 +295,81 @@ impl Store {
             .map(|r| r.try_get::<i64>("", "id"))
             .collect::<Result<Vec<_>, _>>()
             .map_err(err())?;
-        if ids.is_empty() {
-            return Ok(0);
+        let next = if (ids.len() as u64) < limit {
+            0
+        } else {
+            ids.iter().copied().max().unwrap_or(0)
+        };
+        let touched = if ids.is_empty() {
+            0
+        } else {
+            self.touch_ids(&ids).await?
+        };
+        Ok(Swept { touched, next })
+    }
+
+    /// ` AND p.event_name NOT IN (…)` with `names` bound after `values`
+    /// (empty when there are none).
+    fn event_names_not_in(&self, names: &[String], values: &mut Vec<sea_orm::Value>) -> String {
+        if names.is_empty() {
+            return String::new();
         }
-        self.touch_ids(&ids).await
+        let pg = self.backend() == DbBackend::Postgres;
+        let list = names
+            .iter()
+            .map(|n| {
+                values.push(n.clone().into());
+                if pg {
+                    format!("${}", values.len())
+                } else {
+                    "?".to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(" AND p.event_name NOT IN ({list})")
+    }
+
+    /// Pending rows unchanged since before `cutoff` that nothing visible
+    /// explains: not of `skip_event_names` (a paused dispatcher's, an open
+    /// breaker's), and with `[ordering]` nothing earlier of their
+    /// aggregate pending or failed before them. Counted up to `cap` rows,
+    /// through the status index: the cost is the pending rows', not the
+    /// table's history.
+    pub async fn count_unexplained(
+        &self,
+        cutoff: chrono::NaiveDateTime,
+        skip_event_names: &[String],
+        cap: u64,
+    ) -> Result<i64, StoreError> {
+        let t = self.quoted_table();
+        let pg = self.backend() == DbBackend::Postgres;
+        let mut values: Vec<sea_orm::Value> = vec![cutoff.into()];
+        let first = if pg { "$1" } else { "?" };
+        let mut sql = format!(
+            "SELECT count(*) AS n FROM (SELECT p.id FROM {t} p WHERE p.status = 'pending' \
+             AND p.updated_at < {first}"
+        );
+        sql.push_str(&self.event_names_not_in(skip_event_names, &mut values));
+        if let Some(o) = &self.ordering {
+            let c = self.quote_ident(&o.column);
+            sql.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM {t} b WHERE b.{c} = p.{c} AND b.id < p.id \
+                 AND b.status IN ('pending', 'failed'))"
+            ));
+        }
+        sql.push_str(&format!(" LIMIT {cap}) s"));
+        let err = || db_err("counting pending events nothing explains");
+        let row = self
+            .connection()
+            .query_one_raw(Statement::from_sql_and_values(self.backend(), sql, values))
+            .await
+            .map_err(err())?;
+        Ok(row
+            .map(|r| r.try_get::<i64>("", "n"))
+            .transpose()
+            .map_err(err())?
+            .unwrap_or(0))
     }
 
     /// The statement that creates the index the ordering's reads need,
@@ -282,4 +396,14 @@ impl Store {
             ),
         }))
     }
+}
+
+/// What one turn of the stranded-event sweep did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Swept {
+    /// Rows announced again.
+    pub touched: u64,
+    /// Where the next turn starts: past the last row looked at when the
+    /// window was full, else 0 (the walk starts over).
+    pub next: i64,
 }

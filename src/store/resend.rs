@@ -124,6 +124,18 @@ impl Store {
         filter: &FailedFilter,
         caller: &history::Caller,
     ) -> Result<u64, StoreError> {
+        self.retry_failed_with_progress(filter, caller, &mut |_| {})
+            .await
+    }
+
+    /// [`Store::retry_failed`], calling `progress` with the running total
+    /// after each committed chunk.
+    pub async fn retry_failed_with_progress(
+        &self,
+        filter: &FailedFilter,
+        caller: &history::Caller,
+        progress: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<u64, StoreError> {
         let action = "resending failed events";
         let Some(h) = self.history.clone() else {
             let mut stmt = self.resend_statement();
@@ -131,6 +143,7 @@ impl Store {
                 stmt.and_where(cond);
             }
             let res = self.db.execute(&stmt).await.map_err(db_err(action))?;
+            progress(res.rows_affected());
             return Ok(res.rows_affected());
         };
         let backend = self.backend();
@@ -177,6 +190,7 @@ impl Store {
             }
             txn.commit().await.map_err(db_err(action))?;
             total += res.rows_affected();
+            progress(total);
             if (ids.len() as u64) < RESEND_CHUNK {
                 return Ok(total);
             }

@@ -7,7 +7,7 @@ use outbox_sidecar::store::Outcome;
 use sea_orm::ConnectionTrait;
 use serde_json::json;
 
-use crate::db::TestDb;
+use crate::db::{Backend, TestDb};
 use crate::store::{mark_sent, register_failure};
 
 pub fn bin() -> Command {
@@ -79,6 +79,94 @@ async fn migrate_twice_then_over_an_existing_rails_table() {
     assert!(listing.ends_with("(2 rows)\n"), "{listing}");
     let out = run(&db, &["events", "list", "--status", "failed"]);
     assert!(text(&out.stdout).ends_with("(1 row)\n"));
+}
+
+/// A first deploy's migration Job, run with the production ConfigMap
+/// (`[ordering]` and `[tracing]` naming columns): on a fresh database
+/// `migrate` creates the table with those columns (nullable text) and the
+/// ordering column's `(column, id)` index, and exits 0, twice. On the
+/// application's existing table without them it changes nothing and exits
+/// 2, printing the migration to add. At e0190ec the fresh case exited 2
+/// after creating the table without the columns.
+#[tokio::test]
+async fn migrate_with_named_columns_creates_them_on_a_fresh_table_only() {
+    for backend in [Backend::Postgres, Backend::MySql] {
+        let fresh = TestDb::new(backend).await;
+        let migrate = |db: &TestDb| {
+            bin()
+                .env("OUTBOX__DATABASE__URL", &db.url)
+                .env("OUTBOX__ORDERING__COLUMN", "aggregate_key")
+                .env("OUTBOX__TRACING__COLUMN", "trace_context")
+                .args(["migrate"])
+                .output()
+                .unwrap()
+        };
+        for _ in 0..2 {
+            let out = migrate(&fresh);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{backend:?}: {}",
+                text(&out.stderr)
+            );
+            assert_eq!(text(&out.stdout), "table outbox_events is up to date\n");
+        }
+        let store = fresh.store().await;
+        let columns: Vec<String> = store
+            .columns()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.name.to_lowercase())
+            .collect();
+        for c in ["aggregate_key", "trace_context"] {
+            assert!(columns.contains(&c.to_owned()), "{backend:?}: {columns:?}");
+        }
+        let ordered = store.with_ordering(Some(outbox_sidecar::store::OrderingColumns {
+            column: "aggregate_key".into(),
+            hold: true,
+        }));
+        assert_eq!(
+            ordered.ordering_index_advice().await.unwrap(),
+            None,
+            "{backend:?}: the (aggregate_key, id) index is there"
+        );
+
+        // The application's table without them: refused, untouched.
+        let existing = TestDb::new(backend).await;
+        let plain = bin()
+            .env("OUTBOX__DATABASE__URL", &existing.url)
+            .args(["migrate"])
+            .output()
+            .unwrap();
+        assert_eq!(plain.status.code(), Some(0), "{}", text(&plain.stderr));
+        let out = migrate(&existing);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{backend:?}: {}",
+            text(&out.stdout)
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("does not exist")
+                && (err.contains("aggregate_key") || err.contains("trace_context")),
+            "{backend:?}: {err}"
+        );
+        let columns: Vec<String> = existing
+            .store()
+            .await
+            .columns()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.name.to_lowercase())
+            .collect();
+        assert!(
+            !columns.contains(&"aggregate_key".to_owned()),
+            "{columns:?}"
+        );
+    }
 }
 
 #[tokio::test]

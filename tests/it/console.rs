@@ -276,13 +276,26 @@ async fn console_pauses_and_resumes_a_dispatcher() {
         .await;
     assert_eq!(b.text("#status").await, "pending");
     assert!(b.text("#timeline").await.starts_with("no attempt recorded"));
+    // Why it waits, on its page: the pause, and the command that ends it.
+    let why = b.text("#why-summary").await;
+    assert!(
+        why.starts_with("paused: dispatcher accounts is paused"),
+        "{why}"
+    );
+    assert_eq!(
+        b.text("#why-action").await,
+        "Do: resume it when its receiver is ready: `dispatchers resume accounts`"
+    );
 
     b.goto(&format!("{base}/admin/console/dispatchers")).await;
     b.click("#dispatcher-accounts button.resume").await;
+    // The resume runs as an operation; its page follows it to its end.
     assert_eq!(
-        b.text("#notice").await,
+        b.text("#result").await,
         "dispatcher accounts resumed: 3 pending event(s) announced again"
     );
+    assert_eq!(b.text("#op-state").await, "done");
+    assert_eq!(b.text("#op-progress").await, "3");
     for id in &ids {
         t.wait_status(*id, Status::Sent, T).await;
         assert_eq!(t.receiver.for_id(*id).len(), 1, "event {id} sent once");
@@ -813,10 +826,117 @@ async fn console_refuses_unknown_fields_and_a_resend_whose_count_changed() {
     for id in &ids[1..] {
         assert_eq!(t.row(*id).await.status, Status::Failed, "event {id}");
     }
-    let (status, page) = post(bulk, confirm("2")).await;
-    assert_eq!(status, 200, "{page}");
-    assert!(page.contains("2 events set to pending."), "{page}");
+    // The confirmed resend runs as an operation: 303 to its page, which
+    // shows its end.
+    let form = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(confirm("2"))
+        .finish();
+    let r = http
+        .post(t.api_url(bulk))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let op_page = location(&r).to_owned();
+    assert!(
+        op_page.starts_with("/admin/console/operations/op-"),
+        "{op_page}"
+    );
+    eventually("the resend operation to end", T, || async {
+        let (status, page) = get(&op_page).await;
+        assert_eq!(status, 200, "{page}");
+        page.contains("2 events set to pending.").then_some(())
+    })
+    .await;
     for id in &ids[1..] {
         t.wait_status(*id, Status::Sent, T).await;
     }
+}
+
+/// The Replay page in a browser: a dry run counts the sent events of the
+/// window, the confirm starts the replay and goes to its operation's page,
+/// which follows it to `done`; every event is sent once more, with
+/// `Outbox-Replay`, and the event's timeline shows the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_replay_in_a_browser_dry_run_then_replay() {
+    let t = spawn_app_with(Options::default(), Receiver::accepting().await).await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(
+            t.insert("accounts.installment_paid", json!({ "n": i }))
+                .await,
+        );
+    }
+    for id in &ids {
+        t.wait_status(*id, Status::Sent, T).await;
+    }
+    let b = Browser::start().await;
+    let base = t.api_url("");
+    b.goto(&format!("{base}/admin/console/replay")).await;
+    assert_eq!(
+        b.path_becomes("/admin/console/signin").await,
+        "/admin/console/signin"
+    );
+    b.fill("input[name=token]", TOKEN).await;
+    b.click("button[type=submit]").await;
+    b.path_becomes("/admin/console/").await;
+    b.goto(&format!("{base}/admin/console/replay")).await;
+    // No window: refused, naming the field.
+    b.click("#dry-run").await;
+    assert!(
+        b.text("#error")
+            .await
+            .contains("sent_since or sent_until is required"),
+        "{}",
+        b.text("#error").await
+    );
+    b.fill("input[name=sent_since]", "2000-01-01 00:00").await;
+    b.fill("input[name=event_name]", "accounts.installment_paid")
+        .await;
+    b.click("#dry-run").await;
+    assert_eq!(
+        b.text("#would-replay").await,
+        format!(
+            "5 sent events would be replayed at 100/s, ids {}..{}.",
+            ids[0], ids[4]
+        )
+    );
+    b.screenshot("console-replay.png").await;
+    for id in &ids {
+        assert_eq!(t.receiver.for_id(*id).len(), 1, "a dry run sends nothing");
+    }
+    b.fill("input[name=label]", "INC-7 receiver restore").await;
+    b.click("#confirm").await;
+    // The confirm redirects to the operation's page.
+    let path = eventually("the operation's page", T, || async {
+        let path = b.path().await;
+        path.starts_with("/admin/console/operations/op-")
+            .then_some(path)
+    })
+    .await;
+    let op = path.rsplit('/').next().unwrap().to_owned();
+    eventually("the replay's page to show it done", T, || async {
+        b.goto(&format!("{base}{path}")).await;
+        (b.text("#op-state").await == "done").then_some(())
+    })
+    .await;
+    assert_eq!(b.text("#op-progress").await, "5");
+    for id in &ids {
+        eventually("the replayed request", T, || async {
+            let reqs = t.receiver.for_id(*id);
+            (reqs.len() == 2).then_some(reqs)
+        })
+        .await;
+        let reqs = t.receiver.for_id(*id);
+        assert_eq!(reqs[1].headers.get("outbox-replay"), Some(&op));
+    }
+    b.goto(&format!("{base}/admin/console/events/{}", ids[0]))
+        .await;
+    let timeline = b.text("#timeline").await;
+    assert!(timeline.contains("replay"), "{timeline}");
+    assert!(timeline.contains(&op), "{timeline}");
+    b.close().await;
 }

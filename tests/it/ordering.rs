@@ -276,6 +276,21 @@ async fn a_failed_head_holds_only_its_aggregate_until_it_is_resent_and_sent() {
     );
     let listed: Vec<i64> = held_ids(&ordered).await.into_iter().rev().collect();
     assert_eq!(listed, held, "events list --held");
+    // Why each waits: held behind the failed head, and what to do.
+    let why: serde_json::Value = reqwest::Client::new()
+        .get(t.api_url(&format!("/admin/events/{}/why", held[0])))
+        .bearer_auth("test-admin-token-0123456789")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(why["reason"], "held", "{why}");
+    assert_eq!(
+        why["action"],
+        format!("resend the failed one (`events retry {head}`); this one follows it in order")
+    );
     // The operator's views: the command line and the console.
     let cli = |args: &[&str]| {
         let out = crate::cli::bin()
@@ -506,9 +521,10 @@ async fn the_ordering_queries_agree_on_postgresql_mariadb_and_sqlite() {
         // The sweep touches what nothing holds (b1), not a3/a4 (behind the
         // failed a2) nor the unordered row.
         let touched = hold
-            .announce_stranded(Duration::from_secs(1), 100)
+            .announce_stranded(Duration::from_secs(1), 100, 0, &[])
             .await
-            .unwrap();
+            .unwrap()
+            .touched;
         assert_eq!(touched, 1, "{backend:?}");
         let old = chrono::NaiveDate::from_ymd_opt(2020, 1, 1)
             .unwrap()
@@ -688,5 +704,365 @@ async fn an_event_behind_a_paused_dispatcher_s_event_waits_for_its_resume() {
         .filter(|id| *id != other)
         .collect();
     assert_eq!(ids, vec![billed, after]);
+    t.stop().await;
+}
+
+/// The stranded-event sweep walks with a cursor and skips what a pause
+/// explains: 3,000 parked events of a paused dispatcher (their change
+/// events gone) do not keep it from two stranded events of another. At
+/// e0190ec each sweep took the lowest 1,000 pending ids, the paused rows,
+/// and re-announced them for nothing; the two were not sent in 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_reaches_stranded_events_past_a_paused_dispatchers_backlog() {
+    let receiver = Receiver::accepting().await;
+    let extra = format!(
+        "stranded_after = \"2s\"\n[dispatchers.billing]\nurl = \"{}\"\nevents = [\"billing.charge\"]\n",
+        receiver.url()
+    );
+    let mut t = ordered_app(receiver, &extra).await;
+    t.start().await;
+    let caller = outbox_sidecar::store::history::Caller::new(
+        outbox_sidecar::store::history::Via::Cli,
+        Some("test".into()),
+    );
+    assert!(t.store.pause("billing", &caller).await.unwrap());
+    let db = t.store.connection().clone();
+    let table = t.store.table().to_owned();
+    db.execute_unprepared(&format!(
+        "ALTER TABLE {table} DISABLE TRIGGER outbox_cdc; \
+         INSERT INTO {table} (event_name, payload, status, attempts, created_at, updated_at, aggregate_key) \
+         SELECT 'billing.charge', '{{}}', 'pending', 0, now() AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC', 'b-' || g \
+         FROM generate_series(1, 3000) g"
+    ))
+    .await
+    .unwrap();
+    let first = insert_in(&db, &table, "u").await;
+    let second = insert_in(&db, &table, "u").await;
+    db.execute_unprepared(&format!("ALTER TABLE {table} ENABLE TRIGGER outbox_cdc"))
+        .await
+        .unwrap();
+    t.wait_status(second, Status::Sent, T).await;
+    let ids: Vec<i64> = t.receiver.requests().iter().map(|r| r.id).collect();
+    assert_eq!(ids, vec![first, second], "only the two, in order");
+    assert_eq!(t.store.stats().await.unwrap().pending, 3000);
+    t.stop().await;
+}
+
+/// A row whose status write the database refuses for good is given up
+/// after one POST, and the sweep never announces it again: its attempt is
+/// logged alone, newer than the row's last change. At e0190ec the sweep
+/// re-announced it every `stranded_after`, a POST each time. Two canaries
+/// (stranded events inserted after it, higher ids) prove two sweeps went
+/// past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_whose_write_is_refused_for_good_is_not_announced_again_by_the_sweep() {
+    let mut t = ordered_app(Receiver::accepting().await, "stranded_after = \"2s\"\n").await;
+    let db = t.store.connection().clone();
+    let table = t.store.table().to_owned();
+    db.execute_unprepared(&format!(
+        "CREATE FUNCTION refuse_overdue_sent() RETURNS trigger AS $$ BEGIN \
+           IF NEW.status = 'sent' AND NEW.event_name = 'accounts.installment_overdue' THEN \
+             RAISE EXCEPTION 'overdue rows may not be sent' USING ERRCODE = '23514'; \
+           END IF; RETURN NEW; END $$ LANGUAGE plpgsql; \
+         CREATE TRIGGER refuse_overdue_sent BEFORE UPDATE ON {table} \
+           FOR EACH ROW EXECUTE FUNCTION refuse_overdue_sent();"
+    ))
+    .await
+    .unwrap();
+    t.start().await;
+    let refused = insert_named(&t, "accounts.installment_overdue", "r").await;
+    let base = t.admin_url("");
+    eventually("the row given up", T, || async {
+        (metric(&base, r#"outbox_status_writes_given_up_total{to="sent"}"#).await? >= 1.0)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(t.receiver.for_id(refused).len(), 1);
+    let history = t.store.history(refused).await.unwrap();
+    assert_eq!(history.len(), 1, "its attempt is logged: {history:?}");
+    for canary in ["c1", "c2"] {
+        db.execute_unprepared(&format!("ALTER TABLE {table} DISABLE TRIGGER outbox_cdc"))
+            .await
+            .unwrap();
+        let id = insert_in(&db, &table, canary).await;
+        db.execute_unprepared(&format!("ALTER TABLE {table} ENABLE TRIGGER outbox_cdc"))
+            .await
+            .unwrap();
+        t.wait_status(id, Status::Sent, T).await;
+    }
+    assert_eq!(
+        t.receiver.for_id(refused).len(),
+        1,
+        "no POST beyond its attempt"
+    );
+    let row = t.row(refused).await;
+    assert_eq!((row.status, row.attempts), (Status::Pending, 0));
+    t.stop().await;
+}
+
+/// `outbox_pending_unexplained` counts a pending event nothing explains (a
+/// change event that never came) once it is older than
+/// `metrics.pending_unexplained_after`, and the shipped alert's expression
+/// fires on it; a paused dispatcher's event and one held behind a failed
+/// event of its aggregate, as old, are not counted. Announced again, the
+/// event is sent and the gauge goes back to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unexplained_gauge_counts_what_nothing_explains_and_the_alert_fires() {
+    let receiver = Receiver::start(|r| {
+        if r.event_name == "accounts.installment_overdue" {
+            ResponseTemplate::new(503)
+        } else {
+            ResponseTemplate::new(204)
+        }
+    })
+    .await;
+    let billing = format!(
+        "{ORDERING}[dispatchers.billing]\nurl = \"{}\"\nevents = [\"billing.charge\"]\n",
+        receiver.url()
+    );
+    let mut t = prepare_on(
+        Kafka::start(),
+        Options {
+            extra_toml: billing,
+            metrics_toml: "pending_unexplained_after = \"2s\"".into(),
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    add_aggregate_column(&t).await;
+    t.start().await;
+    let base = t.admin_url("");
+    let gauge = || async { metric(&base, "outbox_pending_unexplained").await };
+    let db = t.store.connection().clone();
+    let table = t.store.table().to_owned();
+    // A failed head: the events of its aggregate after it are held.
+    let head = insert_named(&t, "accounts.installment_overdue", "h").await;
+    t.wait_status(head, Status::Failed, T).await;
+    let caller =
+        outbox_sidecar::store::history::Caller::new(outbox_sidecar::store::history::Via::Cli, None);
+    t.store.pause("billing", &caller).await.unwrap();
+    let silently = |name: &'static str, aggregate: &'static str| {
+        let db = db.clone();
+        let table = table.clone();
+        async move {
+            db.execute_unprepared(&format!("ALTER TABLE {table} DISABLE TRIGGER outbox_cdc"))
+                .await
+                .unwrap();
+            let row = db
+                .query_one_raw(Statement::from_sql_and_values(
+                    sea_orm::DbBackend::Postgres,
+                    format!(
+                        "INSERT INTO {table} (event_name, payload, status, attempts, created_at, \
+                         updated_at, aggregate_key) VALUES ($1, '{{}}', 'pending', 0, \
+                         now() AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC', $2) RETURNING id"
+                    ),
+                    [name.into(), aggregate.into()],
+                ))
+                .await
+                .unwrap()
+                .unwrap();
+            db.execute_unprepared(&format!("ALTER TABLE {table} ENABLE TRIGGER outbox_cdc"))
+                .await
+                .unwrap();
+            row.try_get::<i64>("", "id").unwrap()
+        }
+    };
+    let held = silently("accounts.installment_paid", "h").await;
+    let paused = silently("billing.charge", "p").await;
+    let lost = silently("accounts.purchase_create", "l").await;
+    // Counted once older than the setting; the held and the paused ones
+    // (inserted before it) never are.
+    eventually("the lost event counted", T, || async {
+        (gauge().await? == 1.0).then_some(())
+    })
+    .await;
+    let rules = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("deploy/kubernetes/prometheusrule.yaml"),
+    )
+    .unwrap();
+    let alert = rules
+        .split("- alert: ")
+        .find(|a| a.starts_with("OutboxPendingUnexplained"))
+        .expect("the shipped alert");
+    assert!(
+        alert.contains("expr: max by (namespace) (outbox_pending_unexplained) > 0"),
+        "{alert}"
+    );
+    assert!(alert.contains("events why ID"), "{alert}");
+    // Its expression over this replica's series: 1 > 0, it fires.
+    assert!(gauge().await.unwrap() > 0.0);
+    for id in [held, paused] {
+        assert_eq!(t.row(id).await.status, Status::Pending, "{id}");
+    }
+    // Announced again, it is sent; nothing unexplained is left.
+    t.store
+        .retrigger(&outbox_sidecar::store::RetriggerFilter {
+            ids: vec![lost],
+            older_than: None,
+            event_name: None,
+        })
+        .await
+        .unwrap();
+    t.wait_status(lost, Status::Sent, T).await;
+    eventually("the gauge back to 0", T, || async {
+        (gauge().await? == 0.0).then_some(())
+    })
+    .await;
+    t.stop().await;
+}
+
+/// The held-events gauge reads the pending rows, one backward probe of
+/// each one's aggregate: 20,000 old failed events (of aggregates with
+/// nothing after them) do not change what its statement touches. At
+/// e0190ec it started from the failed rows, so its cost grew with every
+/// failed event ever left in the table. Measured in buffers (EXPLAIN
+/// ANALYZE), not time.
+#[tokio::test]
+async fn the_held_gauge_costs_the_pending_rows_not_the_old_failed_ones() {
+    use crate::db::TestDb;
+    use outbox_sidecar::store::OrderingColumns;
+    let db = TestDb::postgres().await;
+    let plain = db.store().await;
+    let conn = plain.connection().clone();
+    for sql in [
+        "ALTER TABLE outbox_events ADD COLUMN aggregate_key text NULL",
+        "CREATE INDEX ix_aggregate ON outbox_events (aggregate_key, id)",
+        "ALTER TABLE outbox_events DISABLE TRIGGER ALL",
+    ] {
+        let _ = conn.execute_unprepared(sql).await;
+    }
+    let store = plain.with_ordering(Some(OrderingColumns {
+        column: "aggregate_key".into(),
+        hold: true,
+    }));
+    let insert = |aggregate: &str, status: &str, n: i64| {
+        format!(
+            "INSERT INTO outbox_events (event_name, payload, status, attempts, created_at, updated_at, aggregate_key) \
+             SELECT 'accounts.installment_paid', '{{}}', '{status}', 0, now(), now(), '{aggregate}' || g \
+             FROM generate_series(1, {n}) g"
+        )
+    };
+    // A held aggregate: a failed head and two pending events after it.
+    for (status, n) in [("failed", 1), ("pending", 1), ("pending", 1)] {
+        conn.execute_unprepared(&insert("h", status, n))
+            .await
+            .unwrap();
+    }
+    let touched = || {
+        let conn = conn.clone();
+        let sql = store.held_counts_sql().unwrap();
+        async move {
+            let plan = conn
+                .query_one_raw(Statement::from_string(
+                    sea_orm::DbBackend::Postgres,
+                    format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"),
+                ))
+                .await
+                .unwrap()
+                .unwrap();
+            let plan: serde_json::Value = plan.try_get_by_index(0).unwrap();
+            let top = &plan[0]["Plan"];
+            top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap()
+        }
+    };
+    // Statistics as of now; the 20,000 rows below come in faster than
+    // autovacuum would see them.
+    conn.execute_unprepared("ANALYZE outbox_events")
+        .await
+        .unwrap();
+    assert_eq!(store.held_counts().await.unwrap(), Some((1, 2)));
+    let before = touched().await;
+    // 20,000 failed events of old aggregates: nothing pending after them.
+    conn.execute_unprepared(&insert("old-", "failed", 20_000))
+        .await
+        .unwrap();
+    assert_eq!(store.held_counts().await.unwrap(), Some((1, 2)));
+    let after = touched().await;
+    assert!(
+        after <= before + 10,
+        "the held gauge touched {before} buffers, then {after} with 20,000 old failed rows"
+    );
+}
+
+/// A backlog: 40 events of distinct aggregates behind a receiver that
+/// takes 300 ms an answer and 2 jobs at a time (~6 s to drain), with
+/// `stranded_after = "1s"` and `pending_unexplained_after = "1s"`. Rows
+/// whose change events are still in the group's backlog (not committed
+/// past) are explained by it: the sweep announces none of them again (one
+/// change event each, the insert's) and `outbox_pending_unexplained` stays
+/// 0 throughout. Before the backlog was read, the sweep touched every row
+/// waiting over 1 s and the gauge counted them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_is_neither_swept_nor_counted_unexplained() {
+    let receiver =
+        Receiver::start(|_| ResponseTemplate::new(204).set_delay(Duration::from_millis(300))).await;
+    let mut t = prepare_on(
+        Kafka::start(),
+        Options {
+            extra_toml: format!("{ORDERING}stranded_after = \"1s\"\n"),
+            metrics_toml: "pending_unexplained_after = \"1s\"".into(),
+            max_in_flight: 1,
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    add_aggregate_column(&t).await;
+    t.start().await;
+    let base = t.admin_url("");
+    let db = t.store.connection().clone();
+    let table = t.store.table().to_owned();
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        ids.push(insert_in(&db, &table, &format!("a{i}")).await);
+    }
+    let last = *ids.last().unwrap();
+    let mut highest = 0.0f64;
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        if let Some(v) = metric(&base, "outbox_pending_unexplained").await {
+            highest = highest.max(v);
+        }
+        if t.row(last).await.status == Status::Sent
+            && ids.iter().all(|id| !t.receiver.for_id(*id).is_empty())
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the backlog did not drain within {T:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for id in &ids {
+        t.wait_status(*id, Status::Sent, T).await;
+    }
+    // The backlog lasted: some row waited well past both settings.
+    let waited = ids
+        .iter()
+        .map(|id| t.receiver.for_id(*id)[0].at)
+        .max()
+        .unwrap()
+        - ids
+            .iter()
+            .map(|id| t.receiver.for_id(*id)[0].at)
+            .min()
+            .unwrap();
+    assert!(
+        waited > chrono::Duration::seconds(3),
+        "the backlog drained in {waited:?}"
+    );
+    assert_eq!(highest, 0.0, "a backlog's rows are not unexplained");
+    let published = t.feed.published();
+    for id in &ids {
+        let announced = published
+            .iter()
+            .filter(|p| p.id == *id && p.status.as_deref() == Some("pending"))
+            .count();
+        assert_eq!(announced, 1, "event {id}: announced by its insert only");
+        assert_eq!(t.receiver.for_id(*id).len(), 1, "event {id} POSTed once");
+    }
     t.stop().await;
 }

@@ -143,6 +143,65 @@ async fn third_failure_fails_and_no_fourth_request() {
     assert_spacing(&reqs, Duration::from_millis(300));
 }
 
+/// `permanent_statuses`, the receiver's own verdict (opt-in): a 422 it
+/// lists ends the event `failed` at its first answer, a 503 it does not
+/// list still retries to R-004's three attempts, and a resend starts over
+/// (one more request, failed again). The same 422 with the option off is
+/// the test above: three attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_status_fails_at_once_and_a_503_still_retries() {
+    let receiver = Receiver::start(|r| {
+        if r.event_name == "accounts.purchase_create" {
+            ResponseTemplate::new(422).set_body_string(r#"{"error":"company_not_found"}"#)
+        } else {
+            ResponseTemplate::new(503)
+        }
+    })
+    .await;
+    let t = spawn_app_with(
+        Options {
+            accounts_toml: "permanent_statuses = [400, 404, 409, 422]".into(),
+            ..Options::default()
+        },
+        receiver,
+    )
+    .await;
+    let permanent = t.insert("accounts.purchase_create", json!({})).await;
+    let retried = t.insert("accounts.installment_paid", json!({})).await;
+    let row = t.wait_status(permanent, Status::Failed, T).await;
+    assert_eq!(row.attempts, 1);
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some(r#"permanent: HTTP 422: {"error":"company_not_found"}"#)
+    );
+    let row = t.wait_status(retried, Status::Failed, T).await;
+    assert_eq!(
+        (row.attempts, row.last_error.as_deref()),
+        (3, Some("HTTP 503"))
+    );
+    t.wait_all_committed(&t.group, T).await;
+    assert_eq!(t.receiver.for_id(permanent).len(), 1, "one request only");
+    assert_eq!(t.receiver.for_id(retried).len(), 3);
+    // A resend starts over: pending, 0 attempts, then one request more.
+    t.store
+        .retry(
+            permanent,
+            &outbox_sidecar::store::history::Caller::new(
+                outbox_sidecar::store::history::Via::Cli,
+                None,
+            ),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    eventually("the resent event failed again", T, || async {
+        let row = t.row(permanent).await;
+        (row.status == Status::Failed && t.receiver.for_id(permanent).len() == 2).then_some(row)
+    })
+    .await;
+    assert_eq!(t.row(permanent).await.attempts, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unregistered_event_name_fails_after_three_attempts() {
     let t = spawn_app(Options::default()).await;

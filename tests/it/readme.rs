@@ -548,7 +548,7 @@ fn toml_keys(text: &str, commented: bool) -> BTreeMap<String, Option<String>> {
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             if name
                 .chars()
-                .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.')
             {
                 section = generic(name);
                 if MAP_SECTIONS.contains(&section.as_str()) {

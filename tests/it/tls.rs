@@ -375,3 +375,232 @@ fn bad_tls_files_stop_start_up_naming_the_key() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A tinyproxy (Debian's package) on a free port, with Basic credentials;
+/// its log says what went through it.
+struct Tinyproxy {
+    child: std::process::Child,
+    url: String,
+    log: PathBuf,
+}
+
+impl Tinyproxy {
+    fn start(dir: &Path, user: &str, password: &str) -> Tinyproxy {
+        Tinyproxy::spawn(dir, "auth", Some((user, password)))
+    }
+
+    /// tinyproxy with its configuration and log named `name` in `dir`.
+    fn spawn(dir: &Path, name: &str, auth: Option<(&str, &str)>) -> Tinyproxy {
+        let port = crate::harness::child::free_port();
+        let log = dir.join(format!("tinyproxy-{name}.log"));
+        let auth = auth
+            .map(|(u, p)| format!("BasicAuth {u} {p}\n"))
+            .unwrap_or_default();
+        let conf = write(
+            dir,
+            &format!("tinyproxy-{name}.conf"),
+            &format!(
+                "Port {port}\nListen 127.0.0.1\nTimeout 30\nLogFile \"{}\"\nLogLevel Info\n\
+                 MaxClients 100\nAllow 127.0.0.1\n{auth}",
+                log.display()
+            ),
+        );
+        let child = std::process::Command::new("tinyproxy")
+            .args(["-d", "-c"])
+            .arg(&conf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("tinyproxy (make test installs it from Debian's packages when missing)");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "tinyproxy did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Tinyproxy {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Tinyproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An egress proxy per dispatcher (`proxy`, `proxy_credentials_file`),
+/// through a real tinyproxy: a plain HTTP receiver (the proxy forwards
+/// the POST) and an HTTPS one reached through CONNECT with the
+/// dispatcher's `ca_file` (TLS end to end); wrong credentials fail each
+/// attempt with the proxy's refusal named (tinyproxy says 401), the password in no `last_error`;
+/// a dispatcher without `proxy` goes direct.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dispatchers_go_through_their_egress_proxy_http_and_https_connect() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Tinyproxy::start(dir.path(), "egress", "pr0xy-s3cret");
+    let creds = write(dir.path(), "proxy-creds", "egress:pr0xy-s3cret\n");
+    let wrong = write(dir.path(), "wrong-creds", "egress:not-the-password\n");
+    let ca = TestCa::new("outbox proxy test CA");
+    let ca_file = write(dir.path(), "ca.pem", &ca.pem);
+    let server = ca.issue(&["localhost", "127.0.0.1"]);
+    let tls = TlsReceiver::start(&server, None, &[&rustls::version::TLS13]).await;
+    let plain = Receiver::accepting().await;
+    let via = |creds: &Path| {
+        format!(
+            "proxy = \"{}\"\nproxy_credentials_file = {:?}",
+            proxy.url, creds
+        )
+    };
+    let extra = [
+        dispatcher("plain", &plain.url(), "proxy.plain", &via(&creds)),
+        dispatcher(
+            "secure",
+            &tls.url,
+            "proxy.secure",
+            &format!("{}\nca_file = {:?}", via(&creds), ca_file),
+        ),
+        dispatcher("refused", &plain.url(), "proxy.refused", &via(&wrong)),
+    ]
+    .concat();
+    let opts = Options {
+        extra_toml: extra,
+        retry_delay: "100ms",
+        ..Options::default()
+    };
+    let mut t = prepare_on(Kafka::start(), opts, Receiver::accepting().await).await;
+    t.start().await;
+    let p = t.insert("proxy.plain", json!({"n": 1})).await;
+    let s = t.insert("proxy.secure", json!({"n": 2})).await;
+    let r = t.insert("proxy.refused", json!({"n": 3})).await;
+    let direct = t.insert("accounts.purchase_create", json!({"n": 4})).await;
+    for id in [p, s, direct] {
+        t.wait_status(id, Status::Sent, Duration::from_secs(30))
+            .await;
+    }
+    let refused = t
+        .wait_status(r, Status::Failed, Duration::from_secs(30))
+        .await;
+    let error = refused.last_error.unwrap_or_default();
+    // tinyproxy answers a wrong BasicAuth with 401 (a proxy should say
+    // 407); either way the attempt fails naming the proxy's status.
+    assert!(
+        error.starts_with("HTTP 401") || error.starts_with("HTTP 407"),
+        "{error}"
+    );
+    assert!(
+        !error.contains("not-the-password") && !error.contains("pr0xy-s3cret"),
+        "{error}"
+    );
+    assert_eq!(tls.requests.load(Ordering::SeqCst), 1);
+    let log = proxy.log();
+    let plain_port = plain
+        .url()
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let tls_port = tls
+        .url
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert!(
+        log.contains(&format!("POST http://127.0.0.1:{plain_port}/api/v1/events")),
+        "the plain POST went through the proxy: {log}"
+    );
+    assert!(
+        log.contains(&format!("CONNECT 127.0.0.1:{tls_port}")),
+        "the HTTPS receiver was reached through CONNECT: {log}"
+    );
+    assert_eq!(
+        plain.for_id(p).len() + plain.for_id(direct).len(),
+        1,
+        "the direct dispatcher's receiver is the harness's own"
+    );
+    assert_eq!(
+        t.receiver.for_id(direct).len(),
+        1,
+        "direct, not through the proxy"
+    );
+    t.stop().await;
+}
+
+impl Tinyproxy {
+    /// A tinyproxy that asks for no credentials.
+    fn open(dir: &Path) -> Tinyproxy {
+        Tinyproxy::spawn(dir, "open", None)
+    }
+}
+
+/// The environment's `HTTP_PROXY` (a sidecar process started with it, so
+/// no other test sees it) takes the dispatchers' requests through the
+/// proxy; the database (PostgreSQL on 127.0.0.1) and Kafka never go
+/// through it (the event is read and its status written; the proxy's log
+/// has the POST and nothing else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_environments_proxy_takes_the_dispatchers_requests_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Tinyproxy::open(dir.path());
+    let t = prepare_on(
+        Kafka::start(),
+        Options::default(),
+        Receiver::accepting().await,
+    )
+    .await;
+    let config = crate::harness::child::write_config(&t, dir.path());
+    let log = dir.path().join("sidecar.log");
+    let mut s = crate::harness::child::spawn_with(
+        &config,
+        &log,
+        &[
+            ("HTTP_PROXY", proxy.url.clone()),
+            ("http_proxy", proxy.url.clone()),
+            ("NO_PROXY", String::new()),
+            ("no_proxy", String::new()),
+        ],
+    );
+    crate::harness::wait_ready("the sidecar", &s.base, Duration::from_secs(60)).await;
+    let id = t.insert("accounts.purchase_create", json!({"n": 1})).await;
+    t.wait_status(id, Status::Sent, Duration::from_secs(30))
+        .await;
+    let port = t
+        .receiver
+        .url()
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let seen = proxy.log();
+    let requests: Vec<&str> = seen
+        .lines()
+        .filter(|l| l.contains("Request (file descriptor"))
+        .collect();
+    assert_eq!(requests.len(), 1, "{seen}");
+    assert!(
+        requests[0].contains(&format!("POST http://127.0.0.1:{port}/api/v1/events")),
+        "{seen}"
+    );
+    let _ = s.child.kill();
+    let _ = s.child.wait();
+}

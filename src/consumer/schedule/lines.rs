@@ -149,6 +149,17 @@ impl Scheduler {
             if !self.current(&pos) {
                 continue;
             }
+            if self.ordering.of.contains_key(&next) {
+                // Already another line's active event (its aggregate's
+                // and a release's at once): that line decides it (this
+                // trigger waits as any for a busy id), and this line goes
+                // on; its later events are read as any, and one that must
+                // wait for it is parked behind it in the database. Making
+                // it active here too would leave the other line waiting
+                // for it for good.
+                self.admit(next, pos, expect);
+                continue;
+            }
             if let Some(line) = self.ordering.lines.get_mut(&key) {
                 line.active = next;
             }
@@ -242,6 +253,9 @@ impl Scheduler {
             behind, "an earlier event of its aggregate is not sent yet: left pending"
         );
         if let Some(b) = behind {
+            // Its end must announce this one, even if it was released with
+            // its next (that next may be this one, decided in another line).
+            self.ordering.chained.remove(&b);
             self.announce_after_ends(b);
         }
     }

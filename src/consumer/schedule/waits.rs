@@ -113,6 +113,11 @@ impl DueEntries {
         out
     }
 
+    /// When `id`'s entry falls due.
+    pub(super) fn at(&self, id: i64) -> Option<Instant> {
+        self.at.get(&id).copied()
+    }
+
     pub(super) fn next(&self) -> Option<Instant> {
         self.by_time.keys().next().map(|(at, _)| *at)
     }

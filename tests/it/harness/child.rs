@@ -107,6 +107,11 @@ pub struct Sidecar {
 
 /// Starts `outbox-sidecar run --config CONFIG`, its log appended to `log`.
 pub fn spawn(config: &Path, log: &Path) -> Sidecar {
+    spawn_with(config, log, &[])
+}
+
+/// [`spawn`] with more environment (e.g. `OUTBOX__ADMIN__API_LISTEN`).
+pub fn spawn_with(config: &Path, log: &Path, env: &[(&str, String)]) -> Sidecar {
     let port = free_port();
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -117,6 +122,7 @@ pub fn spawn(config: &Path, log: &Path) -> Sidecar {
         .args(["run", "--config"])
         .arg(config)
         .env("OUTBOX__ADMIN__LISTEN", format!("127.0.0.1:{port}"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()

@@ -108,6 +108,10 @@ pub struct Options {
     pub dispatch_toml: String,
     /// Extra keys of the generated `[dispatchers.accounts]` table.
     pub accounts_toml: String,
+    /// Extra keys of the generated `[admin]` table.
+    pub admin_toml: String,
+    /// Extra keys of the generated `[metrics]` table.
+    pub metrics_toml: String,
 }
 
 impl Default for Options {
@@ -121,6 +125,8 @@ impl Default for Options {
             extra_toml: String::new(),
             dispatch_toml: String::new(),
             accounts_toml: String::new(),
+            admin_toml: String::new(),
+            metrics_toml: String::new(),
         }
     }
 }
@@ -174,8 +180,10 @@ Authorization = "Bearer accounts-secret-token"
 listen = "127.0.0.1:0"
 api_listen = "127.0.0.1:0"
 {token}
+{admin_extra}
 [metrics]
 refresh_interval = "200ms"
+{metrics_extra}
 [shutdown]
 drain_timeout = "5s"
 {extra}
@@ -190,6 +198,8 @@ drain_timeout = "5s"
             extra = o.extra_toml,
             dispatch_extra = o.dispatch_toml,
             accounts_extra = o.accounts_toml,
+            admin_extra = o.admin_toml,
+            metrics_extra = o.metrics_toml,
         );
         Settings::from_toml(Some(&toml), BTreeMap::new()).expect("test settings")
     }
