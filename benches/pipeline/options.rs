@@ -54,6 +54,9 @@ pub(crate) struct Options {
     /// Only the throttled scenario (`--throttled`): its rate (events/s)
     /// and how long the throttled side runs, in seconds.
     pub(crate) throttled: Option<(u32, f64)>,
+    /// Only the replay scenario (`--replay`): its seeded sent rows, the
+    /// live events' rate and the replay's (events/s).
+    pub(crate) replay: Option<(usize, u32, u32)>,
     /// Only the history scenario (`--scenario history`).
     pub(crate) history: bool,
     /// The history scenario's table holds this many sent rows.
@@ -69,7 +72,8 @@ pub(crate) const USAGE: &str = "usage: cargo bench -p outbox-sidecar --bench pip
 [--scale-events N] [--scale-window W] [--scale-only] \
 | --scenario history [--events N] [--runs R] [--history-rows N] [--idle-seconds S] [--back-to-back] \
 | --memory [--events N] [--payload-kib K] \
-| --throttled [--events N] [--rate R] [--throttled-seconds S] [--max-in-flight M]
+| --throttled [--events N] [--rate R] [--throttled-seconds S] [--max-in-flight M] \
+| --replay [--replay-rows N] [--live-rate R] [--replay-rate R] [--paced-seconds S] [--runs R]
 (without --bench, as `cargo test --bench pipeline` runs it: the verdict rule's checks)";
 
 impl Options {
@@ -79,13 +83,17 @@ impl Options {
         let mut max_in_flight: Option<usize> = None;
         let mut memory = false;
         let mut throttled = false;
+        let mut replay = false;
+        let mut replay_rows: Option<usize> = None;
+        let mut live_rate: u32 = 100;
+        let mut replay_rate: u32 = 100;
         let mut versus: Option<String> = None;
         let mut rate: u32 = 10;
         let mut throttled_seconds: f64 = 120.0;
         let mut payload_kib = 200;
         let mut naive_events: Option<usize> = None;
         let mut limit_events: Option<usize> = None;
-        let mut paced_seconds = 10.0;
+        let mut paced_seconds: Option<f64> = None;
         let mut pg_url = std::env::var("BENCH_PG_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
         let mut quick = false;
@@ -151,7 +159,11 @@ impl Options {
                 "--max-in-flight" => max_in_flight = Some(value("--max-in-flight")?.parse()?),
                 "--naive-events" => naive_events = Some(value("--naive-events")?.parse()?),
                 "--limit-events" => limit_events = Some(value("--limit-events")?.parse()?),
-                "--paced-seconds" => paced_seconds = value("--paced-seconds")?.parse()?,
+                "--paced-seconds" => paced_seconds = Some(value("--paced-seconds")?.parse()?),
+                "--replay" => replay = true,
+                "--replay-rows" => replay_rows = Some(value("--replay-rows")?.parse()?),
+                "--live-rate" => live_rate = value("--live-rate")?.parse()?,
+                "--replay-rate" => replay_rate = value("--replay-rate")?.parse()?,
                 "--pg-url" => pg_url = value("--pg-url")?,
                 "--kafka-property" => {
                     let kv = value("--kafka-property")?;
@@ -178,6 +190,11 @@ impl Options {
         // The memory and throttled scenarios run with the shipped
         // configmap's value.
         let max_in_flight = max_in_flight.unwrap_or(if memory || throttled { 64 } else { 256 });
+        if replay && (live_rate == 0 || replay_rate == 0) {
+            bail!("--live-rate and --replay-rate must be above 0");
+        }
+        // The replay's sides are 20 s of live traffic; S3's 10 s.
+        let paced_seconds = paced_seconds.unwrap_or(if replay { 20.0 } else { 10.0 });
         if throttled && (rate == 0 || throttled_seconds <= 0.0) {
             bail!("--rate and --throttled-seconds must be above 0");
         }
@@ -209,6 +226,11 @@ impl Options {
             large_payload_bytes,
             memory: memory.then_some(payload_kib.max(1)),
             throttled: throttled.then_some((rate, throttled_seconds)),
+            replay: replay.then_some((
+                replay_rows.unwrap_or(if quick { 100_000 } else { 1_000_000 }),
+                live_rate,
+                replay_rate,
+            )),
             versus,
             // Ten times the backlog; a quick run skips it unless asked.
             scale_events: scale_events.unwrap_or(if quick { 0 } else { events * 10 }),

@@ -4,9 +4,11 @@
 # threads: librdkafka's are `rdk:main`, `rdk:broker…`) from its core file,
 # then fails as the command did. Never runs anything twice.
 #
-# The tansu tests run every sidecar that can meet librdkafka's crash on
-# tansu (docs/brokers.md, finding 3) as a child process; a crash of the
-# test binary itself is a finding to read, not to retry.
+# Every test target of the Makefile runs through it (a CI log then names
+# the crashed thread). The tansu tests run every sidecar that can meet
+# librdkafka's crash on tansu (docs/brokers.md, finding 3) as a child
+# process; a crash of the test binary itself is a finding to read, not to
+# retry.
 set -uo pipefail
 ulimit -c unlimited 2>/dev/null || true
 log=$(mktemp)
