@@ -10,7 +10,12 @@ use outbox_sidecar::dispatch::Registry;
 /// mimalloc rather than the system allocator: a job per event allocates
 /// and frees small objects across threads all the time, where glibc's
 /// malloc cost ~25% of the sidecar's CPU in `make bench-pipeline`
-/// (perf, 2026-11-30) and kept more memory resident.
+/// (perf, 2026-11-30) and kept more memory resident. Built with `no_thp`:
+/// mimalloc v3 otherwise asks for transparent huge pages on its arena,
+/// and the 2 MiB pages made S1's peak RSS 112 MiB where 4 KiB pages give
+/// 80 MiB for the same CPU per event (benches/RESULTS.md, 2026-12-08).
+/// The shipped Deployment sets `MIMALLOC_ALLOW_THP=0` for nodes whose THP
+/// setting is `always`.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
