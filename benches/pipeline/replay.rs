@@ -26,7 +26,8 @@ const P99_BOUND: f64 = 2.0;
 /// and every pair adds its live events' and the replayed rows' echoes.
 const REPLAY_PARTITIONS: i32 = 24;
 const TOKEN: &str = "bench-replay-admin-token";
-const REPLAY_GOAL: &str = "a fresh event's p99 during a replay of every seeded row ≤ 2 × its p99 without a replay";
+const REPLAY_GOAL: &str =
+    "a fresh event's p99 during a replay of every seeded row ≤ 2 × its p99 without a replay";
 
 /// One side of a pair.
 struct Live {
@@ -346,7 +347,11 @@ fn report(
          a replay of every seeded row at {replay_rate}/s{} beside one side of each pair; \
          sidecar peak RSS {:.1} MiB\n",
         thousands(rows as f64),
-        if replay_rate == 100 { " (the default)" } else { "" },
+        if replay_rate == 100 {
+            " (the default)"
+        } else {
+            ""
+        },
         peak_rss as f64 / (1 << 20) as f64
     );
     out += &format!(
