@@ -460,10 +460,12 @@ async fn get_event(
     }
 }
 
-/// `?label=` on an action: recorded with it (who, why); the only
-/// parameter an action on one event or dispatcher takes.
-fn label(raw: Option<&str>) -> Result<Option<String>, String> {
-    Params::query(raw, &["label"])?.text("label")
+/// The caller of an action on one event or dispatcher: the admin API,
+/// with its `?label=` (who, why; the only parameter such an action
+/// takes), or what is wrong with the query (a 400).
+fn api_caller(raw: Option<&str>) -> Result<Caller, String> {
+    let label = Params::query(raw, &["label"])?.text("label")?;
+    Ok(Caller::new(Via::AdminApi, label))
 }
 
 /// `GET /admin/events/{id}/why`: why the event is not sent yet.
@@ -502,11 +504,10 @@ async fn retry_one(
     Path(id): Path<i64>,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let label = match label(raw.as_deref()) {
-        Ok(l) => l,
+    let caller = match api_caller(raw.as_deref()) {
+        Ok(c) => c,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    let caller = Caller::new(Via::AdminApi, label);
     match crate::operator::resend_one(&state.store, Some(&state.metrics), id, &caller).await {
         Ok(Ok(row)) => Json(EventView::new(row, false)).into_response(),
         Ok(Err(r @ RetryRefused::NotFound(_))) => error(StatusCode::NOT_FOUND, r.to_string()),

@@ -6,9 +6,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::{error, label, started, AdminState};
+use super::{api_caller, error, started, AdminState};
 use crate::http::params::Params;
-use crate::store::history::{Caller, Via};
 
 #[utoipa::path(get, path = "/admin/dispatchers", tag = "dispatchers",
     responses((status = 200, description = "each dispatcher, its events, pause and this replica's breaker", body = [crate::operator::DispatcherView]),
@@ -60,11 +59,10 @@ pub(super) async fn pause_dispatcher(
     Path(name): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let label = match label(raw.as_deref()) {
-        Ok(l) => l,
+    let caller = match api_caller(raw.as_deref()) {
+        Ok(c) => c,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    let caller = Caller::new(Via::AdminApi, label);
     dispatcher_answer(
         crate::operator::pause(&state.store, &state.dispatchers, &name, &caller).await,
     )
@@ -82,11 +80,10 @@ pub(super) async fn resume_dispatcher(
     Path(name): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let label = match label(raw.as_deref()) {
-        Ok(l) => l,
+    let caller = match api_caller(raw.as_deref()) {
+        Ok(c) => c,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    let caller = Caller::new(Via::AdminApi, label);
     match state
         .operations
         .resume(&state.dispatchers, &name, &caller)

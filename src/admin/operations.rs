@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::{error, started, AdminState};
 use crate::http::params::Params;
+use crate::operations::OperationView;
 use crate::store::history::{Caller, Via};
 
 /// `GET /admin/operations`: the 50 most recently started operations.
@@ -47,13 +48,21 @@ pub(super) async fn get_operation(
     if let Err(e) = Params::query(raw.as_deref(), &[]) {
         return error(StatusCode::BAD_REQUEST, e);
     }
-    match state.operations.get(&id).await {
-        Ok(Some(op)) => Json(op).into_response(),
-        Ok(None) => error(
+    match operation(&state, &id).await {
+        Ok(op) => Json(op).into_response(),
+        Err((status, e)) => error(status, e),
+    }
+}
+
+/// One operation, or why not: 404 (unknown), 503 (the database).
+async fn operation(state: &AdminState, id: &str) -> Result<OperationView, (StatusCode, String)> {
+    match state.operations.get(id).await {
+        Ok(Some(op)) => Ok(op),
+        Ok(None) => Err((
             StatusCode::NOT_FOUND,
             format!("no operation {id:?} (GET /admin/operations lists the recent ones)"),
-        ),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        )),
+        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
     }
 }
 
@@ -76,24 +85,17 @@ pub(super) async fn cancel_operation(
     if let Err(e) = Params::query(raw.as_deref(), &[]) {
         return error(StatusCode::BAD_REQUEST, e);
     }
-    match state.operations.cancel(&id).await {
-        Ok(true) => match state.operations.get(&id).await {
-            Ok(Some(op)) => Json(op).into_response(),
-            Ok(None) => error(StatusCode::NOT_FOUND, format!("no operation {id:?}")),
-            Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        },
-        Ok(false) => match state.operations.get(&id).await {
-            Ok(Some(op)) => error(
-                StatusCode::CONFLICT,
-                format!("operation {id} is {}: nothing to cancel", op.state),
-            ),
-            Ok(None) => error(
-                StatusCode::NOT_FOUND,
-                format!("no operation {id:?} (GET /admin/operations lists the recent ones)"),
-            ),
-            Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        },
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    let cancelled = match state.operations.cancel(&id).await {
+        Ok(c) => c,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    match operation(&state, &id).await {
+        Ok(op) if cancelled => Json(op).into_response(),
+        Ok(op) => error(
+            StatusCode::CONFLICT,
+            format!("operation {id} is {}: nothing to cancel", op.state),
+        ),
+        Err((status, e)) => error(status, e),
     }
 }
 
